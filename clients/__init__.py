@@ -1,0 +1,1 @@
+"""Device clients: one Flower NumPyClient per algorithm."""

@@ -1,0 +1,32 @@
+"""What every device client shares: evaluation of a given or of its personal model."""
+
+from __future__ import annotations
+
+from flwr.client import NumPyClient
+from flwr.common import NDArrays, Scalar
+
+from hfl.device import DeviceRuntime
+from hfl.training import to_ndarrays, to_tensors
+
+
+class DeviceClient(NumPyClient):
+    """Base device. ``evaluate`` with config ``{"model": "personal"}`` tests the device's own
+    model; any other config tests the parameters it was sent (global or team model)."""
+
+    def __init__(self, device: DeviceRuntime) -> None:
+        self.device = device
+
+    def get_parameters(self, config: dict[str, Scalar]) -> NDArrays:
+        params = self.device.personal or self.device.trainer.initial_params()
+        return to_ndarrays(params)
+
+    def evaluate(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[float, int, dict[str, Scalar]]:
+        dev = self.device
+        if config.get("model") == "personal":
+            if dev.personal is None:
+                raise RuntimeError(f"device {dev.device_id} has no personalized model yet")
+            params = dev.personal
+        else:
+            params = to_tensors(parameters)
+        loss_sum, correct, n = dev.trainer.evaluate(params, dev.x_test, dev.y_test)
+        return loss_sum / n, n, {"device_id": dev.device_id, "correct": correct}

@@ -1,0 +1,92 @@
+"""The Flower ServerApp (global server) and ClientApp (team nodes).
+
+``hfl-simulate`` builds them bound to a Hydra config (``make_server_app``/``make_client_app``);
+``flwr run .`` loads the module-level ``server_app``/``client_app``, which compose the same
+config from the run config's ``overrides`` string.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import tempfile
+import time
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from flwr.client import Client, ClientApp
+from flwr.common import Context
+from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.server.strategy import Strategy
+
+from hfl.config import load_module, validate
+from hfl.node import build_team_node, federation_for, initial_model
+from hfl.recorder import Recorder
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+log = logging.getLogger("hfl")
+
+
+def build_global_strategy(cfg: Mapping, run_dir: str | Path) -> Strategy:
+    fed = federation_for(cfg)
+    alg = cfg["algorithm"]
+    meta = {"algorithm": alg["name"], "dataset": cfg["dataset"]["name"], "model": cfg["model"]["name"]}
+    recorder = Recorder(run_dir, meta, int(cfg["global_rounds"]))
+    return load_module(alg, "strategy").build_global_strategy(
+        alg,
+        initial_model(cfg, fed),
+        num_teams=len(fed.teams),
+        num_rounds=int(cfg["global_rounds"]),
+        eval_every=int(cfg["eval_every"]),
+        recorder=recorder,
+    )
+
+
+def team_client(cfg: Mapping, context: Context) -> Client:
+    torch.set_num_threads(int(cfg["runtime"]["torch_threads"]))
+    team_id = int(context.node_config["partition-id"])
+    return build_team_node(cfg, team_id, cfg["runtime"]["state_dir"]).to_client()
+
+
+def make_server_app(cfg: Mapping, run_dir: str | Path) -> ServerApp:
+    def server_fn(context: Context) -> ServerAppComponents:
+        strategy = build_global_strategy(cfg, run_dir)
+        return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=int(cfg["global_rounds"])))
+
+    return ServerApp(server_fn=server_fn)
+
+
+def make_client_app(cfg: Mapping) -> ClientApp:
+    return ClientApp(client_fn=lambda context: team_client(cfg, context))
+
+
+# ---- `flwr run .`: the config comes from the run config's Hydra overrides ----
+
+@lru_cache(maxsize=4)
+def compose_config(overrides: str, run_id: int) -> dict:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose("config", overrides=shlex.split(overrides)), resolve=True)
+    validate(cfg)
+    cfg["runtime"]["state_dir"] = str(Path(tempfile.gettempdir()) / f"hfl-state-{run_id}")
+    return cfg
+
+
+def _context_config(context: Context) -> dict:
+    return compose_config(str(context.run_config.get("overrides", "")), context.run_id)
+
+
+def _flwr_server_fn(context: Context) -> ServerAppComponents:
+    cfg = _context_config(context)
+    out = Path(str(context.run_config.get("output-dir", "outputs/flwr"))) / time.strftime("%Y-%m-%d_%H-%M-%S")
+    log.info("hfl: writing outputs to %s", out.resolve())
+    strategy = build_global_strategy(cfg, out)
+    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=int(cfg["global_rounds"])))
+
+
+server_app = ServerApp(server_fn=_flwr_server_fn)
+client_app = ClientApp(client_fn=lambda context: team_client(_context_config(context), context))

@@ -1,0 +1,66 @@
+"""Checks on the composed configuration, run before any training starts."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+from hfl.errors import ConfigError
+
+RUNTIMES = ("simulation", "inprocess")
+
+
+def _number(cfg: Mapping, path: str, *, minimum: float, integer: bool = False, strict: bool = False) -> None:
+    node: Any = cfg
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            raise ConfigError(path, "missing")
+        node = node[part]
+    kind = "an integer" if integer else "a number"
+    if isinstance(node, bool) or not isinstance(node, int if integer else (int, float)):
+        raise ConfigError(path, f"must be {kind}, got {node!r}")
+    if node < minimum or (strict and node == minimum):
+        raise ConfigError(path, f"must be {'>' if strict else '>='} {minimum}, got {node}")
+
+
+def load_module(alg: Mapping, role: str) -> ModuleType:
+    """The algorithm's strategy or client module, named in its config."""
+    name = alg.get(role)
+    try:
+        return importlib.import_module(str(name))
+    except ImportError as exc:
+        raise ConfigError(f"algorithm.{role}", f"cannot import {name!r}: {exc}") from exc
+
+
+def validate(cfg: Mapping) -> None:
+    """Raise ConfigError naming the first invalid key. Data and topology keys are checked by
+    ``hfl.data.build_federation`` when the federation is built (also before training)."""
+    _number(cfg, "global_rounds", minimum=1, integer=True)
+    _number(cfg, "eval_every", minimum=1, integer=True)
+    _number(cfg, "seed", minimum=0, integer=True)
+    _number(cfg, "dataset.batch_size", minimum=1, integer=True)
+    _number(cfg, "algorithm.team_rounds", minimum=1, integer=True)
+    _number(cfg, "algorithm.local_steps", minimum=1, integer=True)
+    _number(cfg, "algorithm.alpha", minimum=0, strict=True)
+    alg = cfg["algorithm"]
+    for key in ("eta", "lam", "gamma", "beta"):
+        if key in alg:
+            _number(cfg, f"algorithm.{key}", minimum=0)
+    if "min_fit_fraction" in alg:
+        _number(cfg, "algorithm.min_fit_fraction", minimum=0, strict=True)
+        if alg["min_fit_fraction"] > 1:
+            raise ConfigError("algorithm.min_fit_fraction", f"must be <= 1, got {alg['min_fit_fraction']}")
+    if not isinstance(alg.get("weighted"), bool):
+        raise ConfigError("algorithm.weighted", f"must be true or false, got {alg.get('weighted')!r}")
+    for role in ("strategy", "client"):
+        module = load_module(alg, role)
+        needed = ("make_client",) if role == "client" else ("build_team_strategy", "build_global_strategy")
+        missing = [fn for fn in needed if not hasattr(module, fn)]
+        if missing:
+            raise ConfigError(f"algorithm.{role}", f"module {module.__name__} lacks {', '.join(missing)}")
+    runtime = cfg.get("runtime", {})
+    if runtime.get("name") not in RUNTIMES:
+        raise ConfigError("runtime.name", f"unknown runtime {runtime.get('name')!r}; known: {', '.join(RUNTIMES)}")
+    _number(cfg, "runtime.torch_threads", minimum=1, integer=True)

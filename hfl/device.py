@@ -1,0 +1,42 @@
+"""What a device holds between messages: its data, sampler and personalized model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hfl.store import StateStore
+from hfl.training import BatchSampler, LocalTrainer, Params
+
+
+@dataclass
+class DeviceRuntime:
+    device_id: int
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    trainer: LocalTrainer
+    sampler: BatchSampler
+    personal: Params | None = None  # the model the device keeps (PerMFL's theta)
+
+    @property
+    def key(self) -> str:
+        return f"device-{self.device_id}"
+
+    def load(self, store: StateStore) -> None:
+        state = store.load(self.key)
+        if state is None:
+            return
+        self.sampler.restore({k[len("sampler_"):]: v for k, v in state.items() if k.startswith("sampler_")})
+        count = int(state["num_personal"])
+        self.personal = [torch.from_numpy(state[f"personal_{i}"]) for i in range(count)] if count else None
+
+    def save(self, store: StateStore) -> None:
+        arrays = {f"sampler_{k}": v for k, v in self.sampler.state().items()}
+        personal = self.personal or []
+        arrays["num_personal"] = np.array(len(personal))
+        arrays.update({f"personal_{i}": p.numpy() for i, p in enumerate(personal)})
+        store.save(self.key, arrays)

@@ -1,0 +1,78 @@
+"""Run outputs: metrics.jsonl (one line per evaluated global round), summary.json,
+checkpoints and a one-line console report per round."""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from pathlib import Path
+
+import numpy as np
+from flwr.common import NDArrays
+
+log = logging.getLogger("hfl")
+
+TRAFFIC_KEYS = ("bytes_down_global", "bytes_up_global", "bytes_down_team", "bytes_up_team")
+
+
+def _pct(value: float | None) -> str:
+    return "  n/a " if value is None else f"{100 * value:6.2f}"
+
+
+class Recorder:
+    def __init__(self, run_dir: str | Path, meta: dict, num_rounds: int) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "checkpoints").mkdir(exist_ok=True)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics_path.write_text("")
+        self.meta = meta
+        self.num_rounds = num_rounds
+        self.round_seconds: list[float] = []
+        self.lines: list[dict] = []
+        self.totals = dict.fromkeys(TRAFFIC_KEYS, 0)
+        self.failures = 0
+
+    def round_done(self, rnd: int, seconds: float, counters: dict, evaluation: dict | None, model: NDArrays) -> None:
+        self.round_seconds.append(seconds)
+        self.failures += int(counters.get("failures", 0))
+        for key in TRAFFIC_KEYS:
+            self.totals[key] += int(counters.get(key, 0))
+        if evaluation is not None:
+            line = {"round": rnd, **evaluation, "seconds": seconds,
+                    "compute_seconds": counters.get("compute_seconds", 0.0),
+                    "failures": int(counters.get("failures", 0)),
+                    **{key: int(counters.get(key, 0)) for key in TRAFFIC_KEYS}}
+            self.lines.append(line)
+            with self.metrics_path.open("a") as f:
+                f.write(json.dumps(line) + "\n")
+            np.savez(self.run_dir / "checkpoints" / "global_model.npz", *model, round=np.array(rnd))
+            log.info(
+                "round %d/%d  PM %s%%  GM %s%%  team %s%%  GM loss %.4f  %.2fs",
+                rnd, self.num_rounds, _pct(line.get("pm_accuracy")), _pct(line.get("gm_accuracy")),
+                _pct(line.get("team_accuracy")), line.get("gm_loss") or float("nan"), seconds,
+            )
+        if rnd == self.num_rounds:
+            self.write_summary()
+
+    def write_summary(self) -> dict:
+        def best(key: str) -> float | None:
+            values = [line[key] for line in self.lines if line.get(key) is not None]
+            return max(values) if values else None
+
+        last = self.lines[-1] if self.lines else {}
+        keys = ("pm_accuracy", "gm_accuracy", "team_accuracy")
+        later = self.round_seconds[1:] or self.round_seconds
+        summary = {
+            **self.meta,
+            "rounds": len(self.round_seconds),
+            "final": {key: last.get(key) for key in keys},
+            "best": {key: best(key) for key in keys},
+            "seconds_per_round": statistics.median(later) if later else None,
+            "total_seconds": sum(self.round_seconds),
+            "failures": self.failures,
+            **{f"total_{key}": value for key, value in self.totals.items()},
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary

@@ -1,0 +1,147 @@
+"""Team formation: which devices belong to which team (the middle tier of the hierarchy).
+
+Formations (``topology.formation``):
+
+- ``random``: a seeded permutation of the device ids cut into ``num_teams`` equal teams
+  (PerMFL's setting: 4 teams x 10 devices, teams drawn at random).
+- ``by_label``: team ``t`` is the contiguous id block ``[t*dpt, (t+1)*dpt)``; the data
+  layer gives its devices only the labels in ``team_labels[t]`` (PerMFL Table 2).
+- ``explicit``: ``teams`` lists the device ids of every team.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hfl.errors import ConfigError
+from hfl.seed import rng
+
+FORMATIONS = ("random", "by_label", "explicit")
+
+
+def _int(cfg: Mapping, key: str, *, minimum: int = 1, required: bool = True) -> int | None:
+    """``topology.<key>`` as an int >= ``minimum`` (None allowed when not required)."""
+    value = cfg.get(key)
+    if value is None:
+        if required:
+            raise ConfigError(f"topology.{key}", "is required for formation " f"'{cfg.get('formation')}'")
+        return None
+    # bool is an int subclass; `True` teams is a typo, not a count.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"topology.{key}", f"must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"topology.{key}", f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _formation(cfg: Mapping) -> str:
+    formation = cfg.get("formation")
+    if formation not in FORMATIONS:
+        raise ConfigError(
+            "topology.formation", f"unknown formation {formation!r}; known: {', '.join(FORMATIONS)}"
+        )
+    return formation
+
+
+def _explicit_teams(cfg: Mapping) -> list[list[int]]:
+    """``topology.teams`` checked for shape and integer ids (coverage is checked later)."""
+    teams = cfg.get("teams")
+    if not isinstance(teams, Sequence) or isinstance(teams, str) or len(teams) == 0:
+        raise ConfigError("topology.teams", f"formation 'explicit' needs a non-empty list of teams, got {teams!r}")
+    out = []
+    for t, team in enumerate(teams):
+        if not isinstance(team, Sequence) or isinstance(team, str) or len(team) == 0:
+            raise ConfigError("topology.teams", f"team {t} must be a non-empty list of device ids, got {team!r}")
+        for d in team:
+            if isinstance(d, bool) or not isinstance(d, int):
+                raise ConfigError("topology.teams", f"team {t} has a non-integer device id {d!r}")
+        out.append([int(d) for d in team])
+    return out
+
+
+def team_labels(cfg: Mapping) -> list[list[int]]:
+    """``topology.team_labels`` for formation ``by_label``: one non-empty list of distinct ints per team."""
+    num_teams = _int(cfg, "num_teams")
+    labels = cfg.get("team_labels")
+    if not isinstance(labels, Sequence) or isinstance(labels, str):
+        raise ConfigError("topology.team_labels", f"formation 'by_label' needs a list of label lists, got {labels!r}")
+    if len(labels) != num_teams:
+        raise ConfigError(
+            "topology.team_labels", f"has {len(labels)} entries but topology.num_teams is {num_teams}"
+        )
+    out = []
+    for t, team in enumerate(labels):
+        if not isinstance(team, Sequence) or isinstance(team, str) or len(team) == 0:
+            raise ConfigError("topology.team_labels", f"team {t} needs a non-empty list of labels, got {team!r}")
+        if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in team):
+            raise ConfigError("topology.team_labels", f"team {t} labels must be integers >= 0, got {list(team)}")
+        if len(set(team)) != len(team):
+            raise ConfigError("topology.team_labels", f"team {t} repeats a label: {list(team)}")
+        out.append([int(c) for c in team])
+    return out
+
+
+def num_devices(topology_cfg: Mapping) -> int:
+    """How many devices the topology describes (the federation is built with this many)."""
+    formation = _formation(topology_cfg)
+    if formation == "explicit":
+        return sum(len(team) for team in _explicit_teams(topology_cfg))
+    return _int(topology_cfg, "num_teams") * _int(topology_cfg, "devices_per_team")
+
+
+def device_count_key(topology_cfg: Mapping) -> str:
+    """The config key to blame when the device count is too large for the data."""
+    return "topology.teams" if topology_cfg.get("formation") == "explicit" else "topology.devices_per_team"
+
+
+def form_teams(num_devices: int, topology_cfg: Mapping, seed: int) -> list[list[int]]:
+    """Teams as sorted lists of device ids; every id in ``0..num_devices-1`` is in exactly one team."""
+    formation = _formation(topology_cfg)
+    if formation == "explicit":
+        return _form_explicit(num_devices, topology_cfg)
+
+    num_teams = _int(topology_cfg, "num_teams")
+    per_team = _int(topology_cfg, "devices_per_team", required=formation == "by_label")
+    if num_teams > num_devices:
+        raise ConfigError("topology.num_teams", f"more teams ({num_teams}) than devices ({num_devices})")
+    if per_team is not None and per_team * num_teams != num_devices:
+        raise ConfigError(
+            "topology.devices_per_team",
+            f"num_teams x devices_per_team = {num_teams} x {per_team} = {num_teams * per_team}, "
+            f"but the federation has {num_devices} devices",
+        )
+    if formation == "by_label":
+        team_labels(topology_cfg)  # validate early; the data layer uses the labels
+        return [list(range(t * per_team, (t + 1) * per_team)) for t in range(num_teams)]
+
+    # random: sizes differ by at most one when devices_per_team is left null.
+    order = rng(seed, "topology", "random").permutation(num_devices)
+    bounds = [round(t * num_devices / num_teams) for t in range(num_teams + 1)]
+    return [sorted(int(d) for d in order[bounds[t] : bounds[t + 1]]) for t in range(num_teams)]
+
+
+def _form_explicit(num_devices: int, cfg: Mapping[str, Any]) -> list[list[int]]:
+    teams = _explicit_teams(cfg)
+    seen: dict[int, int] = {}
+    for t, team in enumerate(teams):
+        for d in team:
+            if not 0 <= d < num_devices:
+                raise ConfigError("topology.teams", f"team {t} has device id {d}, outside 0..{num_devices - 1}")
+            if d in seen:
+                raise ConfigError("topology.teams", f"device {d} is in team {seen[d]} and team {t}")
+            seen[d] = t
+    missing = sorted(set(range(num_devices)) - set(seen))
+    if missing:
+        raise ConfigError("topology.teams", f"devices {missing} are in no team (ids must be 0..{num_devices - 1})")
+    # num_teams / devices_per_team are optional here; when given they must agree.
+    num_teams = _int(cfg, "num_teams", required=False)
+    if num_teams is not None and num_teams != len(teams):
+        raise ConfigError("topology.num_teams", f"is {num_teams} but topology.teams lists {len(teams)} teams")
+    per_team = _int(cfg, "devices_per_team", required=False)
+    if per_team is not None and any(len(team) != per_team for team in teams):
+        raise ConfigError(
+            "topology.devices_per_team",
+            f"is {per_team} but team sizes are {[len(team) for team in teams]} (set it to null for uneven teams)",
+        )
+    return [sorted(team) for team in teams]

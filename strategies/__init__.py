@@ -1,0 +1,1 @@
+"""Team and global Flower strategies: one module per algorithm."""

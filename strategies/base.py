@@ -1,0 +1,221 @@
+"""Flower wiring shared by every algorithm's team and global strategies.
+
+Subclasses only supply ``aggregate(current, models, weights)`` — the algorithm's pure
+update rule; sampling, validation of updates, ordering and bookkeeping live here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+import time
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    NDArrays,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
+
+from hfl.aggregate import nbytes, update_problem
+
+log = logging.getLogger(__name__)
+
+TARGETS = ("pm", "gm", "team")
+
+
+def accept_results(
+    results: Sequence[tuple[ClientProxy, FitRes]], reference: NDArrays, order_key: str, tier: str
+) -> tuple[list[tuple[NDArrays, int, Mapping[str, Scalar]]], int]:
+    """Updates that can be aggregated, ordered by ``metrics[order_key]`` (so float sums do not
+    depend on arrival order), and the number rejected (logged with the reason)."""
+    accepted, rejected = [], 0
+    for proxy, res in results:
+        arrays = parameters_to_ndarrays(res.parameters)
+        problem = update_problem(arrays, reference)
+        if problem is None and res.num_examples <= 0:
+            problem = f"num_examples is {res.num_examples}"
+        if problem is not None:
+            rejected += 1
+            log.warning("%s: rejected the update of %s: %s", tier, proxy.cid, problem)
+            continue
+        accepted.append((arrays, res.num_examples, res.metrics))
+    accepted.sort(key=lambda item: item[2].get(order_key, 0))
+    return accepted, rejected
+
+
+class TeamStrategy(Strategy):
+    """A team server: K rounds over its devices, starting from the parent model."""
+
+    def __init__(self, parent: NDArrays, fit_config: Mapping[str, Scalar], min_fit_fraction: float = 1.0) -> None:
+        self.parent = parent
+        self.fit_config = dict(fit_config)
+        self.min_fit_fraction = min_fit_fraction
+        self.current: NDArrays = parent
+
+    @abstractmethod
+    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
+        """The team update rule."""
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        return ndarrays_to_parameters(self.parent)
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        self.current = parameters_to_ndarrays(parameters)
+        ins = FitIns(parameters, {**self.fit_config, "team_round": server_round})
+        return [(proxy, ins) for proxy in sorted(client_manager.all().values(), key=lambda p: p.cid)]
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        accepted, rejected = accept_results(results, self.current, "device_id", "team")
+        asked = len(results) + len(failures)
+        needed = max(1, math.ceil(self.min_fit_fraction * asked))
+        stats: dict[str, Scalar] = {"rejected": rejected, "failures": len(failures), "aggregated": len(accepted)}
+        if len(accepted) < needed:
+            log.error("team round %d: %d usable updates, %d needed", server_round, len(accepted), needed)
+            return None, stats
+        models = [m for m, _, _ in accepted]
+        weights = [n for _, n, _ in accepted]
+        return ndarrays_to_parameters(self.aggregate(self.current, models, weights)), stats
+
+    def configure_evaluate(self, server_round, parameters, client_manager):  # noqa: ANN001
+        return []  # the team node evaluates its devices itself (hfl.team)
+
+    def aggregate_evaluate(self, server_round, results, failures):  # noqa: ANN001
+        return None, {}
+
+    def evaluate(self, server_round, parameters):  # noqa: ANN001
+        return None
+
+
+def pool_evaluations(team_metrics: Sequence[Mapping[str, Scalar]]) -> dict[str, float | None]:
+    """Pool team reports into accuracy = sum correct / sum samples (and loss likewise),
+    plus the spread of per-device accuracies."""
+    pooled: dict[str, float | None] = {}
+    for target in TARGETS:
+        n = sum(int(m.get(f"{target}_n", 0)) for m in team_metrics)
+        if n == 0:
+            pooled[f"{target}_accuracy"] = pooled[f"{target}_loss"] = None
+            continue
+        correct = sum(int(m[f"{target}_correct"]) for m in team_metrics)
+        loss = sum(float(m[f"{target}_loss_sum"]) for m in team_metrics)
+        pooled[f"{target}_accuracy"] = correct / n
+        pooled[f"{target}_loss"] = loss / n
+        per_device = [c / k for m in team_metrics for _, c, k in json.loads(str(m[f"{target}_devices"]))]
+        pooled[f"{target}_accuracy_min"] = min(per_device)
+        pooled[f"{target}_accuracy_median"] = statistics.median(per_device)
+        pooled[f"{target}_accuracy_max"] = max(per_device)
+    return pooled
+
+
+class GlobalStrategy(Strategy):
+    """The global server over team nodes: all teams every round, evaluation every
+    ``eval_every`` rounds (and the last), fails loudly when a round aggregates nothing."""
+
+    def __init__(
+        self,
+        initial: NDArrays,
+        *,
+        num_teams: int,
+        num_rounds: int,
+        eval_every: int = 1,
+        fit_config: Mapping[str, Scalar] | None = None,
+        recorder=None,  # noqa: ANN001 - hfl.recorder.Recorder, optional
+    ) -> None:
+        self.initial = initial
+        self.num_teams = num_teams
+        self.num_rounds = num_rounds
+        self.eval_every = eval_every
+        self.fit_config = dict(fit_config or {})
+        self.recorder = recorder
+        self.current: NDArrays = initial
+        self._round: dict[str, float] = {}
+
+    @abstractmethod
+    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
+        """The global update rule."""
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        return ndarrays_to_parameters(self.initial)
+
+    def _teams(self, client_manager: ClientManager) -> list[ClientProxy]:
+        proxies = client_manager.sample(self.num_teams, min_num_clients=self.num_teams)
+        if len(proxies) < self.num_teams:
+            raise RuntimeError(f"{len(proxies)} team nodes available, {self.num_teams} configured")
+        return sorted(proxies, key=lambda p: p.cid)
+
+    def configure_fit(self, server_round, parameters, client_manager):  # noqa: ANN001
+        self._round = {"start": time.perf_counter(), "bytes_down_global": 0, "bytes_up_global": 0,
+                       "bytes_down_team": 0, "bytes_up_team": 0, "compute_seconds": 0.0, "failures": 0}
+        self.current = parameters_to_ndarrays(parameters)
+        teams = self._teams(client_manager)
+        self._round["bytes_down_global"] += nbytes(parameters.tensors) * len(teams)
+        ins = FitIns(parameters, {**self.fit_config, "global_round": server_round})
+        return [(proxy, ins) for proxy in teams]
+
+    def _count_team_report(self, metrics: Mapping[str, Scalar]) -> None:
+        for key in ("bytes_down_team", "bytes_up_team", "compute_seconds"):
+            self._round[key] += metrics.get(key, 0)
+
+    def aggregate_fit(self, server_round, results, failures):  # noqa: ANN001
+        accepted, rejected = accept_results(results, self.current, "team_id", "global")
+        self._round["failures"] += len(failures) + rejected
+        for _, res in results:
+            self._round["bytes_up_global"] += nbytes(res.parameters.tensors)
+            self._round["failures"] += int(res.metrics.get("device_failures", 0))
+            self._count_team_report(res.metrics)
+        if not accepted:
+            raise RuntimeError(
+                f"global round {server_round}: no team model to aggregate "
+                f"({len(failures)} failures, {rejected} rejected); stopping rather than keeping the old model"
+            )
+        models = [m for m, _, _ in accepted]
+        weights = [n for _, n, _ in accepted]
+        self.current = self.aggregate(self.current, models, weights)
+        return ndarrays_to_parameters(self.current), {}
+
+    def evaluate(self, server_round, parameters):  # noqa: ANN001
+        return None
+
+    def configure_evaluate(self, server_round, parameters, client_manager):  # noqa: ANN001
+        if server_round % self.eval_every and server_round != self.num_rounds:
+            self._finish(server_round, None)
+            return []
+        teams = self._teams(client_manager)
+        self._round["bytes_down_global"] += nbytes(parameters.tensors) * len(teams)
+        ins = EvaluateIns(parameters, {"global_round": server_round})
+        return [(proxy, ins) for proxy in teams]
+
+    def aggregate_evaluate(self, server_round, results, failures):  # noqa: ANN001
+        if failures or not results:
+            raise RuntimeError(f"global round {server_round}: evaluation failed on {len(failures)} team(s)")
+        reports = [res.metrics for _, res in results]
+        for report in reports:
+            self._count_team_report(report)
+        pooled = pool_evaluations(reports)
+        self._finish(server_round, pooled)
+        gm_loss = pooled.get("gm_loss")
+        return gm_loss, {k: v for k, v in pooled.items() if v is not None}
+
+    def _finish(self, server_round: int, evaluation: dict | None) -> None:
+        seconds = time.perf_counter() - self._round.pop("start")
+        if self.recorder is not None:
+            self.recorder.round_done(server_round, seconds, dict(self._round), evaluation, self.current)

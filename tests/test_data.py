@@ -1,0 +1,344 @@
+"""Data layer: partitions, synthetic data, vision loaders, build_federation."""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hfl.data import build_federation
+from hfl.data import synthetic, vision
+from hfl.data.partition import (
+    classes_of_devices,
+    partition_by_classes,
+    partition_dirichlet,
+    partition_iid,
+    split_train_test,
+)
+from hfl.errors import ConfigError, DatasetNotFoundError
+
+REAL_DATA = Path(__file__).parents[1] / ".." / "shared" / "data"
+RANDOM4 = {"formation": "random", "num_teams": 2, "devices_per_team": 2, "team_labels": None, "teams": None}
+SYNTH = {"name": "synthetic", "num_features": 60, "num_classes": 10, "min_samples": 50, "partition": "natural"}
+
+
+def balanced_labels(per_class: list[int]) -> np.ndarray:
+    """Labels with per_class[c] samples of class c, interleaved (as a real dataset is)."""
+    labels = np.concatenate([np.full(n, c) for c, n in enumerate(per_class)])
+    return np.random.default_rng(0).permutation(labels).astype(np.int64)
+
+
+# ---------------------------------------------------------------- classes partition
+def test_classes_of_devices_follow_pfedme_rule():
+    assert classes_of_devices(4, 10, 2) == [[0, 1], [1, 2], [2, 3], [3, 4]]
+    assert classes_of_devices(12, 10, 3)[9] == [9, 0, 1]
+    # by_label: the j-th device of team t cycles through team_labels[t]
+    teams = [[0, 1, 2], [3, 4, 5]]
+    got = classes_of_devices(6, 10, 2, teams, [[0, 1, 2, 3, 4], [7, 9]])
+    assert got == [[0, 1], [1, 2], [2, 3], [7, 9], [9, 7], [7, 9]]
+
+
+def test_classes_partition_gives_exactly_the_assigned_classes():
+    labels = balanced_labels([300] * 10)
+    assigned = classes_of_devices(20, 10, 2)
+    parts = partition_by_classes(labels, assigned, min_per_class=10, size_sigma=2.0, seed=1)
+    for device, idx in enumerate(parts):
+        counts = Counter(labels[idx].tolist())
+        assert set(counts) == set(assigned[device])
+        assert min(counts.values()) >= 10  # the seed samples per class
+
+
+def test_every_sample_of_used_classes_in_exactly_one_device():
+    labels = balanced_labels([50, 60, 70, 80, 90, 100, 110, 120, 130, 140])
+    # 5 devices x 1 class: classes 0..4 used, 5..9 unused
+    parts = partition_by_classes(labels, classes_of_devices(5, 10, 1), 10, 2.0, seed=3)
+    everything = np.concatenate(parts)
+    assert len(everything) == len(np.unique(everything))  # disjoint
+    assert set(everything.tolist()) == set(np.flatnonzero(labels < 5).tolist())
+    # class c appears in two devices when k=2: still disjoint and covering
+    parts = partition_by_classes(labels, classes_of_devices(10, 10, 2), 10, 2.0, seed=3)
+    everything = np.concatenate(parts)
+    assert np.array_equal(np.sort(everything), np.arange(len(labels)))
+
+
+def test_classes_partition_is_seeded():
+    labels = balanced_labels([400] * 10)
+    assigned = classes_of_devices(40, 10, 2)
+    a = partition_by_classes(labels, assigned, 10, 2.0, seed=7)
+    b = partition_by_classes(labels, assigned, 10, 2.0, seed=7)
+    c = partition_by_classes(labels, assigned, 10, 2.0, seed=8)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert any(not np.array_equal(x, y) for x, y in zip(a, c))
+
+
+def test_classes_partition_sizes_follow_power_law_and_sigma_zero_is_even():
+    labels = balanced_labels([400] * 10)
+    assigned = classes_of_devices(40, 10, 2)  # every class held by 8 devices
+    sizes = np.array([len(p) for p in partition_by_classes(labels, assigned, 10, 2.0, seed=0)])
+    assert sizes.min() >= 20 and sizes.max() > 5 * sizes.min()  # heavy-tailed
+    assert sizes.sum() == 4000
+    # sigma = 0: each class's 400 samples split 50 per holder, so every device has 100
+    even = [len(p) for p in partition_by_classes(labels, assigned, 10, 0.0, seed=0)]
+    assert even == [100] * 40
+
+
+def test_classes_partition_too_few_samples_names_min_per_class():
+    labels = balanced_labels([30] * 10)
+    with pytest.raises(ConfigError) as err:
+        partition_by_classes(labels, classes_of_devices(40, 10, 2), 10, 2.0, seed=0)  # 8 x 10 > 30
+    assert err.value.key == "dataset.min_per_class"
+    assert str(err.value).startswith("dataset.min_per_class:")
+
+
+# ---------------------------------------------------------------- iid / dirichlet / split
+def test_iid_partition_equal_disjoint_and_seeded():
+    labels = balanced_labels([100] * 10)
+    parts = partition_iid(labels, 7, seed=0)
+    sizes = [len(p) for p in parts]
+    assert sum(sizes) == 1000 and max(sizes) - min(sizes) <= 1
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(1000))
+    assert all(np.array_equal(x, y) for x, y in zip(parts, partition_iid(labels, 7, seed=0)))
+    assert any(not np.array_equal(x, y) for x, y in zip(parts, partition_iid(labels, 7, seed=1)))
+
+
+def test_dirichlet_partition_disjoint_seeded_and_skewed():
+    labels = balanced_labels([200] * 10)
+    parts = partition_dirichlet(labels, 10, alpha=0.1, seed=0)
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(2000))
+    assert all(np.array_equal(x, y) for x, y in zip(parts, partition_dirichlet(labels, 10, 0.1, seed=0)))
+    # small alpha: a device is dominated by few classes
+    top_share = [Counter(labels[p].tolist()).most_common(1)[0][1] / len(p) for p in parts]
+    assert np.mean(top_share) > 0.4
+
+
+def test_dirichlet_impossible_names_alpha():
+    labels = balanced_labels([2] * 10)
+    with pytest.raises(ConfigError) as err:
+        partition_dirichlet(labels, 10, alpha=0.01, seed=0, min_size=2)
+    assert err.value.key == "dataset.dirichlet_alpha"
+
+
+def test_split_train_test_fractions():
+    idx = np.arange(100, 200)
+    train, test = split_train_test(idx, 0.75, seed=0, device_id=3)
+    assert (len(train), len(test)) == (75, 25)
+    assert np.array_equal(np.sort(np.concatenate([train, test])), idx)
+    assert len(split_train_test(np.arange(2), 0.99, 0, 0)[1]) == 1  # clamped: >= 1 test sample
+    assert len(split_train_test(np.arange(2), 0.01, 0, 0)[0]) == 1  # and >= 1 train sample
+    assert not np.array_equal(train, split_train_test(idx, 0.75, seed=0, device_id=4)[0])
+
+
+# ---------------------------------------------------------------- synthetic
+def test_synthetic_federation_shapes_labels_and_determinism():
+    fed = build_federation(SYNTH, RANDOM4, seed=5)
+    assert (fed.dataset, fed.input_shape, fed.num_classes) == ("synthetic", (60,), 10)
+    assert [d.device_id for d in fed.devices] == [0, 1, 2, 3]
+    for d in fed.devices:
+        n = len(d.y_train) + len(d.y_test)
+        assert n >= 50  # min_samples
+        assert len(d.y_train) == round(0.75 * n)
+        assert d.x_train.dtype == torch.float32 and d.x_train.shape == (len(d.y_train), 60)
+        assert d.x_train.is_contiguous() and d.x_test.is_contiguous()
+        assert d.y_train.dtype == torch.int64
+        assert 0 <= int(d.y_train.min()) and int(d.y_train.max()) <= 9
+    again = build_federation(SYNTH, RANDOM4, seed=5)
+    other = build_federation(SYNTH, RANDOM4, seed=6)
+    for a, b in zip(fed.devices, again.devices):
+        assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
+    assert fed.teams == again.teams
+    assert not torch.equal(fed.devices[0].x_test[:5], other.devices[0].x_test[:5])
+
+
+def test_synthetic_sizes_are_power_law():
+    params = dict(alpha=0.5, beta=0.5, num_features=60, num_classes=10, size_mean=4.0, size_sigma=2.0,
+                  min_samples=50, max_samples=None)
+    sizes = [len(y) for _, y in synthetic.generate(30, 0, **params)]
+    assert min(sizes) >= 50 and max(sizes) > 5 * min(sizes)
+    capped = [len(y) for _, y in synthetic.generate(30, 0, **{**params, "max_samples": 100})]
+    assert max(capped) == 100 and capped == [min(s, 100) for s in sizes]
+
+
+def test_synthetic_covariance_decays_as_j_to_minus_1_2():
+    params = dict(alpha=0.5, beta=0.5, num_features=60, num_classes=10, size_mean=0.0, size_sigma=0.0,
+                  min_samples=4000, max_samples=None)
+    x, y = synthetic.generate_device(0, 0, **params)
+    var = x.var(axis=0)
+    assert var[0] == pytest.approx(1.0, rel=0.1)  # Sigma_11 = 1
+    assert var[59] == pytest.approx(60**-1.2, rel=0.15)  # Sigma_60,60 ~ 0.0074
+    assert var[:10].mean() > 5 * var[-10:].mean()
+
+
+def test_synthetic_repartition_keeps_all_samples():
+    pooled = build_federation(SYNTH, RANDOM4, seed=1)
+    total = sum(len(d.y_train) + len(d.y_test) for d in pooled.devices)
+    iid = build_federation({**SYNTH, "partition": "iid"}, RANDOM4, seed=1)
+    sizes = [len(d.y_train) + len(d.y_test) for d in iid.devices]
+    assert sum(sizes) == total and max(sizes) - min(sizes) <= 1
+    dirichlet = build_federation({**SYNTH, "partition": "dirichlet", "dirichlet_alpha": 0.5}, RANDOM4, seed=1)
+    assert sum(len(d.y_train) + len(d.y_test) for d in dirichlet.devices) == total
+
+
+# ---------------------------------------------------------------- vision files
+def write_idx(path: Path, array: np.ndarray, gz: bool = False) -> None:
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(s).to_bytes(4, "big") for s in array.shape)
+    data = header + np.ascontiguousarray(array, dtype=np.uint8).tobytes()
+    if gz:
+        path.with_name(path.name + ".gz").write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+
+
+def write_mnist(root: Path, split: str, labels: np.ndarray, gz: bool, folder: str = "MNIST", prefix: str = "") -> np.ndarray:
+    """Images whose pixels all equal the sample's label * 20 (so values are checkable)."""
+    raw = root / folder / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    images = np.repeat((labels * 20).astype(np.uint8), 28 * 28).reshape(-1, 28, 28)
+    write_idx(raw / f"{prefix}{split}-images-idx3-ubyte", images, gz)
+    write_idx(raw / f"{prefix}{split}-labels-idx1-ubyte", labels, gz)
+    return images
+
+
+def test_idx_loader_pools_plain_train_and_gz_test(tmp_path):
+    write_mnist(tmp_path, "train", balanced_labels([30] * 10), gz=False)
+    write_mnist(tmp_path, "t10k", balanced_labels([20] * 10), gz=True)
+    x, y = vision.load_from_disk("mnist", tmp_path)
+    assert x.shape == (500, 1, 28, 28) and x.dtype == np.uint8
+    assert np.bincount(y).tolist() == [50] * 10
+    assert np.array_equal(x[:, 0, 5, 5], (y * 20).astype(np.uint8))
+
+    cfg = {"name": "mnist", "root": str(tmp_path), "partition": "classes", "classes_per_device": 2,
+           "min_per_class": 5, "normalize": [0.5, 0.5]}
+    fed = build_federation(cfg, {**RANDOM4, "num_teams": 5}, seed=0)  # 10 devices cover all classes
+    assert fed.input_shape == (1, 28, 28) and fed.num_classes == 10
+    assert sum(len(d.y_train) + len(d.y_test) for d in fed.devices) == 500
+    d = fed.devices[3]
+    assert set(d.y_train.tolist()) | set(d.y_test.tolist()) == {3, 4}
+    expected = ((d.y_train * 20).float() / 255 - 0.5) / 0.5  # normalize: (x/255 - mean) / std
+    assert torch.allclose(d.x_train[:, 0, 0, 0], expected)
+
+
+def test_idx_loader_uses_gz_only_and_test_only(tmp_path):
+    write_mnist(tmp_path, "t10k", balanced_labels([4] * 10), gz=True)
+    x, _ = vision.load_from_disk("mnist", tmp_path)
+    assert x.shape == (40, 1, 28, 28)
+    write_mnist(tmp_path, "train", balanced_labels([3] * 10), gz=False, folder="FashionMNIST")
+    assert vision.load_from_disk("fmnist", tmp_path)[0].shape == (30, 1, 28, 28)
+
+
+def test_emnist_images_are_transposed(tmp_path):
+    raw = tmp_path / "EMNIST" / "raw"
+    raw.mkdir(parents=True)
+    stored = np.zeros((1, 28, 28), np.uint8)
+    stored[0, 0, 7] = 255  # row 0, column 7 in the file's (column-major) layout
+    write_idx(raw / "emnist-digits-test-images-idx3-ubyte", stored)
+    write_idx(raw / "emnist-digits-test-labels-idx1-ubyte", np.array([3]))
+    x, y = vision.load_from_disk("emnist_digits", tmp_path)
+    assert x[0, 0, 7, 0] == 255 and x[0, 0, 0, 7] == 0 and y.tolist() == [3]
+
+
+def test_cifar_pickles_and_per_channel_normalize(tmp_path):
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    labels = balanced_labels([4] * 10)
+    data = np.zeros((40, 3, 32, 32), np.uint8)
+    data[:, 0], data[:, 1], data[:, 2] = 0, 51, 255  # red, green, blue planes
+    with (folder / "test_batch").open("wb") as f:
+        pickle.dump({"data": data.reshape(40, -1), "labels": labels.tolist()}, f)
+    cfg = {"name": "cifar10", "root": str(tmp_path), "min_per_class": 1, "classes_per_device": 2,
+           "normalize": [[0.0, 0.2, 0.5], [1.0, 0.1, 0.5]]}
+    fed = build_federation(cfg, {**RANDOM4, "num_teams": 5}, seed=0)
+    x = fed.devices[0].x_train
+    assert fed.input_shape == (3, 32, 32) and x.shape[1:] == (3, 32, 32)
+    assert torch.allclose(x[0, :, 0, 0], torch.tensor([0.0, (0.2 - 0.2) / 0.1, (1.0 - 0.5) / 0.5]))
+
+
+def test_missing_root_lists_paths_and_suggests_download(tmp_path):
+    with pytest.raises(DatasetNotFoundError) as err:
+        build_federation({"name": "mnist", "root": str(tmp_path / "nowhere")}, RANDOM4, seed=0)
+    message = str(err.value)
+    assert str(tmp_path / "nowhere" / "MNIST" / "raw" / "train-images-idx3-ubyte") in message
+    assert str(tmp_path / "nowhere" / "MNIST" / "raw" / "t10k-labels-idx1-ubyte") in message
+    assert "dataset.download=true" in message
+
+
+@pytest.mark.skipif(not (REAL_DATA / "MNIST" / "raw").is_dir(), reason="shared MNIST test split absent")
+def test_real_mnist_test_split():
+    x, y = vision.load_from_disk("mnist", REAL_DATA)
+    assert x.shape == (10000, 1, 28, 28) and np.bincount(y).sum() == 10000
+    topo = {"formation": "random", "num_teams": 4, "devices_per_team": 10}
+    fed = build_federation({"name": "mnist", "root": str(REAL_DATA)}, topo, seed=0)
+    assert sum(len(d.y_train) + len(d.y_test) for d in fed.devices) == 10000
+    assert fed.devices[0].x_train.shape[1:] == (1, 28, 28)
+    assert -1.0 <= float(fed.devices[0].x_train.min()) and float(fed.devices[0].x_train.max()) <= 1.0
+
+
+# ---------------------------------------------------------------- config errors
+@pytest.mark.parametrize(
+    ("dataset", "key", "text"),
+    [
+        ({"name": "foo"}, "dataset.name", "unknown dataset 'foo'"),
+        ({**SYNTH, "partition": "shards"}, "dataset.partition", "unknown partition 'shards'"),
+        ({**SYNTH, "partition": "classes", "classes_per_device": 11}, "dataset.classes_per_device", "got 11"),
+        ({**SYNTH, "train_fraction": 1.0}, "dataset.train_fraction", "got 1.0"),
+        ({**SYNTH, "num_features": 0}, "dataset.num_features", "got 0"),
+        ({**SYNTH, "min_samples": 0, "size_mean": -50.0, "size_sigma": 0.0}, "dataset.min_samples", "0 samples"),
+        ({"name": "mnist", "partition": "natural"}, "dataset.partition", "only for synthetic"),
+        ({"name": "mnist", "root": None}, "dataset.root", "download=true"),
+        ({"name": "mnist", "root": "x", "normalize": [0.5, 0.0]}, "dataset.normalize", "std"),
+        ({"name": "mnist", "root": "x", "download": "yes"}, "dataset.download", "true or false"),
+    ],
+)
+def test_config_errors_name_the_key(dataset, key, text):
+    with pytest.raises(ConfigError) as err:
+        build_federation(dataset, RANDOM4, seed=0)
+    assert err.value.key == key and str(err.value).startswith(key + ":")
+    assert text in str(err.value)
+
+
+def test_by_label_needs_classes_partition_and_known_labels():
+    topo = {"formation": "by_label", "num_teams": 2, "devices_per_team": 2, "team_labels": [[0, 1], [2, 12]]}
+    with pytest.raises(ConfigError) as err:
+        build_federation(SYNTH, topo, seed=0)
+    assert err.value.key == "topology.formation"
+    with pytest.raises(ConfigError) as err:
+        build_federation({**SYNTH, "partition": "classes"}, topo, seed=0)
+    assert err.value.key == "topology.team_labels" and "label 12" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        build_federation({**SYNTH, "partition": "classes", "classes_per_device": 3},
+                         {**topo, "team_labels": [[0, 1], [2, 3]]}, seed=0)
+    assert err.value.key == "dataset.classes_per_device"
+
+
+def test_download_path_pools_splits_and_fixes_layouts(monkeypatch, tmp_path):
+    """download=true goes through torchvision's classes (stubbed here: no network in tests)."""
+    import torchvision.datasets as tvd
+
+    calls = []
+
+    class FakeCifar:  # torchvision keeps CIFAR images HWC
+        def __init__(self, root, train, download):
+            calls.append((root, train, download))
+            n = 30 if train else 10
+            self.data = np.zeros((n, 32, 32, 3), np.uint8)
+            self.data[..., 2] = 255
+            self.targets = [i % 10 for i in range(n)]
+
+    class FakeEmnist:  # and EMNIST images as stored (column-major)
+        def __init__(self, root, split, train, download):
+            assert split == "digits"
+            self.data = np.zeros((20, 28, 28), np.uint8)
+            self.data[:, 0, 7] = 255
+            self.targets = np.arange(20) % 10
+
+    monkeypatch.setattr(tvd, "CIFAR10", FakeCifar)
+    monkeypatch.setattr(tvd, "EMNIST", FakeEmnist)
+    x, y = vision.load("cifar10", tmp_path, download_missing=True)
+    assert x.shape == (40, 3, 32, 32) and (x[:, 2] == 255).all() and (x[:, :2] == 0).all()
+    assert calls == [(str(tmp_path), True, True), (str(tmp_path), False, True)]
+    x, y = vision.load("emnist_digits", tmp_path, download_missing=True)
+    assert x.shape == (40, 1, 28, 28) and (x[:, 0, 7, 0] == 255).all() and len(y) == 40
