@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from hfl.apps import CONF_DIR, build_global_strategy, make_client_app, make_server_app
 from hfl.config import validate
 from hfl.inprocess import InProcessClientProxy, client_manager_of
-from hfl.node import build_team_node, federation_for
+from hfl.node import build_team_node, federation_for, initial_model
 
 log = logging.getLogger("hfl")
 
@@ -63,6 +63,7 @@ def run(cfg: Mapping, run_dir: str | Path) -> dict:
     run_dir = Path(run_dir)
     validate(cfg)
     fed = federation_for(cfg)
+    initial_model(cfg, fed)  # the model must fit the data before any process starts
     cfg["runtime"]["state_dir"] = str(run_dir / "state")
     log.info("hfl: %s on %s/%s, %d teams, %d devices -> %s", cfg["algorithm"]["name"], cfg["dataset"]["name"],
              cfg["model"]["name"], len(fed.teams), len(fed.devices), run_dir)
@@ -80,6 +81,12 @@ def run(cfg: Mapping, run_dir: str | Path) -> dict:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    # Hydra's root handlers already print and file Flower's records; drop Flower's own
+    # console handler so that each line appears once.
+    flwr_logger = logging.getLogger("flwr")
+    for handler in list(flwr_logger.handlers):
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            flwr_logger.removeHandler(handler)
     summary = run(OmegaConf.to_container(cfg, resolve=True), HydraConfig.get().runtime.output_dir)
     log.info("hfl: final PM %s GM %s, best PM %s GM %s, %.2f s/round",
              summary["final"]["pm_accuracy"], summary["final"]["gm_accuracy"],

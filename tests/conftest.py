@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import os
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from hfl.apps import CONF_DIR
+
+os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+
+# A small, fast federation: 2 teams x 3 devices of synthetic data, short rounds.
+SMALL = [
+    "topology.num_teams=2",
+    "topology.devices_per_team=3",
+    "dataset.max_samples=300",
+    "global_rounds=3",
+    "algorithm.team_rounds=2",
+    "algorithm.local_steps=5",
+    "algorithm.alpha=0.05",
+    "dataset.batch_size=32",
+    "runtime.torch_threads=1",
+]
+
+
+def compose_cfg(*overrides: str) -> dict:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
+
+
+@pytest.fixture
+def small_cfg():
+    def make(*overrides: str) -> dict:
+        return compose_cfg(*SMALL, *overrides)
+
+    return make

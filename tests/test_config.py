@@ -1,0 +1,66 @@
+"""Invalid configurations stop the run before training, naming the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.errors import HydraException
+
+from hfl.errors import ConfigError, DatasetNotFoundError
+from hfl.simulate import run
+from tests.conftest import SMALL, compose_cfg
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("algorithm.alpha=-0.1", "algorithm.alpha"),
+        ("algorithm.eta=-1", "algorithm.eta"),
+        ("algorithm.team_rounds=0", "algorithm.team_rounds"),
+        ("global_rounds=0", "global_rounds"),
+        ("dataset.batch_size=0", "dataset.batch_size"),
+        ("algorithm.weighted=maybe", "algorithm.weighted"),
+        ("algorithm.min_fit_fraction=1.5", "algorithm.min_fit_fraction"),
+        ("algorithm.strategy=strategies.nope", "algorithm.strategy"),
+        ("runtime.torch_threads=0", "runtime.torch_threads"),
+        ("topology.devices_per_team=0", "topology.devices_per_team"),
+        ("dataset.train_fraction=1.5", "dataset.train_fraction"),
+        ("model.name=resnet", "model.name"),
+    ],
+)
+def test_bad_value_names_its_key(override, key, tmp_path):
+    cfg = compose_cfg(*SMALL, "runtime=inprocess", override)
+    with pytest.raises(ConfigError, match=key) as info:
+        run(cfg, tmp_path)
+    assert info.value.key.startswith(key)
+    assert not (tmp_path / "metrics.jsonl").exists()  # nothing trained
+
+
+def test_explicit_teams_must_agree_with_num_teams(tmp_path):
+    cfg = compose_cfg(*SMALL, "runtime=inprocess", "topology.formation=explicit",
+                      "topology.teams=[[0],[1]]", "topology.num_teams=3", "topology.devices_per_team=null")
+    with pytest.raises(ConfigError, match="topology"):
+        run(cfg, tmp_path)
+
+
+def test_unreadable_root_says_where_it_looked(tmp_path):
+    cfg = compose_cfg("runtime=inprocess", "dataset=mnist", f"dataset.root={tmp_path / 'nowhere'}")
+    with pytest.raises((ConfigError, DatasetNotFoundError), match="nowhere"):
+        run(cfg, tmp_path / "out")
+
+
+def test_unknown_group_option_is_a_hydra_error():
+    with pytest.raises(HydraException, match="algorithm"):
+        compose_cfg("algorithm=no_such_algorithm")
+
+
+def test_cli_exits_nonzero_naming_the_key(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "hfl.simulate", "algorithm.lam=-2", f"hydra.run.dir={tmp_path}"],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1],
+    )
+    assert proc.returncode != 0
+    assert "algorithm.lam" in proc.stderr + proc.stdout

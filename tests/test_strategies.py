@@ -1,0 +1,78 @@
+"""Team and global strategies through Flower's own message types."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_proxy import ClientProxy
+
+from strategies.fedavg import FedAvgGlobalStrategy
+from strategies.permfl import PerMFLGlobalStrategy, PerMFLTeamStrategy
+
+ALG = {"alpha": 0.1, "local_steps": 1, "lam": 2.0, "eta": 0.1, "gamma": 3.0, "beta": 0.5, "weighted": False}
+
+
+class Proxy(ClientProxy):
+    def get_properties(self, *a): ...
+    def get_parameters(self, *a): ...
+    def fit(self, *a): ...
+    def evaluate(self, *a): ...
+    def reconnect(self, *a): ...
+
+
+def reply(value, n: int, **metrics) -> FitRes:
+    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters([np.array([value], dtype=np.float32)]), n, metrics)
+
+
+def test_team_strategy_applies_the_permfl_rule_in_device_order():
+    parent = [np.array([10.0], dtype=np.float32)]
+    team = PerMFLTeamStrategy(parent, ALG)
+    team.configure_fit(1, ndarrays_to_parameters([np.array([4.0], dtype=np.float32)]), client_manager=_manager())
+    # theta_bar = (-7 + -3) / 2 = -5 (uniform); w = 0.5*4 + 0.3*10 + 0.2*(-5) = 4
+    results = [(Proxy("b"), reply(-3.0, 90, device_id=1)), (Proxy("a"), reply(-7.0, 10, device_id=0))]
+    params, stats = team.aggregate_fit(1, results, [])
+    np.testing.assert_allclose(parameters_to_ndarrays(params)[0], [4.0], rtol=1e-6)
+    assert stats["aggregated"] == 2 and stats["rejected"] == 0
+
+
+def test_team_strategy_rejects_nan_and_wrong_shapes_and_counts_them():
+    team = PerMFLTeamStrategy([np.array([10.0], dtype=np.float32)], {**ALG, "min_fit_fraction": 0.25})
+    team.configure_fit(1, ndarrays_to_parameters([np.array([4.0], dtype=np.float32)]), client_manager=_manager())
+    bad_shape = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([np.zeros(3, dtype=np.float32)]), 5, {"device_id": 2})
+    results = [(Proxy("a"), reply(-5.0, 10, device_id=0)), (Proxy("b"), reply(np.nan, 10, device_id=1)),
+               (Proxy("c"), bad_shape)]
+    params, stats = team.aggregate_fit(1, results, [RuntimeError("dead device")])
+    assert stats == {"rejected": 2, "failures": 1, "aggregated": 1}
+    # only the good update counts: theta_bar = -5 -> w = 4
+    np.testing.assert_allclose(parameters_to_ndarrays(params)[0], [4.0], rtol=1e-6)
+
+
+def test_team_round_below_min_fraction_aggregates_nothing():
+    team = PerMFLTeamStrategy([np.array([1.0], dtype=np.float32)], {**ALG, "min_fit_fraction": 0.75})
+    team.configure_fit(1, ndarrays_to_parameters([np.array([1.0], dtype=np.float32)]), client_manager=_manager())
+    results = [(Proxy("a"), reply(1.0, 1, device_id=0)), (Proxy("b"), reply(np.inf, 1, device_id=1))]
+    params, stats = team.aggregate_fit(1, results, [RuntimeError("x")])
+    assert params is None and stats["aggregated"] == 1
+
+
+def test_global_strategy_fails_loudly_without_team_models():
+    strategy = PerMFLGlobalStrategy([np.zeros(1, dtype=np.float32)], ALG, num_teams=2, num_rounds=3)
+    strategy._round = {k: 0 for k in ("failures", "bytes_up_global", "bytes_down_team", "bytes_up_team", "compute_seconds")}
+    with pytest.raises(RuntimeError, match="no team model"):
+        strategy.aggregate_fit(1, [(Proxy("a"), reply(np.nan, 5, team_id=0))], [RuntimeError("team died")])
+
+
+def test_global_permfl_and_fedavg_rules():
+    x = [np.array([8.0], dtype=np.float32)]
+    permfl = PerMFLGlobalStrategy(x, {**ALG, "beta": 0.5, "gamma": 1.5}, num_teams=2, num_rounds=1)
+    # w_bar uniform = (2 + 6)/2 = 4; x = 0.25*8 + 0.75*4 = 5
+    np.testing.assert_allclose(permfl.aggregate(x, [[np.array([2.0])], [np.array([6.0])]], [1, 3])[0], [5.0])
+    fedavg = FedAvgGlobalStrategy(x, {"weighted": True}, num_teams=2, num_rounds=1)
+    np.testing.assert_allclose(fedavg.aggregate(x, [[np.array([2.0])], [np.array([6.0])]], [1, 3])[0], [5.0])
+
+
+def _manager():
+    from flwr.server.client_manager import SimpleClientManager
+
+    return SimpleClientManager()
