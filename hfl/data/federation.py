@@ -1,0 +1,213 @@
+"""build_federation: dataset + partition + team formation -> per-device tensors and teams."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from hfl import topology
+from hfl.data import synthetic, vision
+from hfl.data.partition import (
+    classes_of_devices,
+    partition_by_classes,
+    partition_dirichlet,
+    partition_iid,
+    split_train_test,
+)
+from hfl.errors import ConfigError
+
+DATASETS = ("synthetic", *vision.SPECS)
+PARTITIONS = ("classes", "dirichlet", "iid", "natural")
+
+
+@dataclass
+class DeviceData:
+    device_id: int
+    x_train: torch.Tensor  # float32, (n_train, *input_shape), contiguous
+    y_train: torch.Tensor  # int64, (n_train,)
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+
+@dataclass
+class Federation:
+    dataset: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+    devices: list[DeviceData]  # devices[i].device_id == i
+    teams: list[list[int]]  # team index -> sorted device ids
+
+
+# ---------------------------------------------------------------- config reading
+_MISSING = object()
+
+
+def _get(cfg: Mapping, key: str, default: Any = _MISSING) -> Any:
+    if key in cfg:
+        return cfg[key]
+    if default is _MISSING:
+        raise ConfigError(f"dataset.{key}", "is required")
+    return default
+
+
+def _int(cfg: Mapping, key: str, default: Any, lo: int, hi: int | None = None, nullable: bool = False) -> int | None:
+    value = _get(cfg, key, default)
+    if value is None and nullable:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"dataset.{key}", f"must be an integer, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        allowed = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
+        raise ConfigError(f"dataset.{key}", f"must be {allowed}, got {value}")
+    return value
+
+
+def _float(cfg: Mapping, key: str, default: Any, lo: float, hi: float | None = None, open_lo: bool = False) -> float:
+    value = _get(cfg, key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"dataset.{key}", f"must be a number, got {value!r}")
+    if value < lo or (open_lo and value == lo) or (hi is not None and value >= hi):
+        interval = f"{'(' if open_lo else '['}{lo}, {hi if hi is not None else 'inf'})"
+        raise ConfigError(f"dataset.{key}", f"must be in {interval}, got {value}")
+    return float(value)
+
+
+def _normalize(cfg: Mapping, channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """``dataset.normalize = [mean, std]``, each a number or one value per channel; null = none
+    (``per_feature`` is handled by the caller)."""
+    value = _get(cfg, "normalize", [0.5, 0.5])
+    if value is None:
+        return np.zeros(channels), np.ones(channels)
+    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 2:
+        raise ConfigError("dataset.normalize", f"must be [mean, std], got {value!r}")
+    out = []
+    for part in value:
+        arr = np.asarray(part, dtype=np.float64).reshape(-1)
+        if arr.size not in (1, channels) or not np.all(np.isfinite(arr)):
+            raise ConfigError("dataset.normalize", f"mean/std must be a number or {channels} numbers, got {part!r}")
+        out.append(np.broadcast_to(arr, (channels,)).copy())
+    if np.any(out[1] <= 0):
+        raise ConfigError("dataset.normalize", f"std must be > 0, got {value[1]!r}")
+    return out[0], out[1]
+
+
+def _choice(cfg: Mapping, key: str, default: Any, known: tuple[str, ...], what: str) -> str:
+    value = _get(cfg, key, default)
+    if value not in known:
+        raise ConfigError(f"dataset.{key}", f"unknown {what} {value!r}; known: {', '.join(known)}")
+    return value
+
+
+# ---------------------------------------------------------------- loading
+def _load_synthetic(cfg: Mapping, num_devices: int, seed: int):
+    params = dict(
+        alpha=_float(cfg, "alpha", 0.5, 0.0),
+        beta=_float(cfg, "beta", 0.5, 0.0),
+        num_features=_int(cfg, "num_features", 60, 1),
+        num_classes=_int(cfg, "num_classes", 10, 2),
+        size_mean=_float(cfg, "size_mean", 4.0, -np.inf),
+        size_sigma=_float(cfg, "size_sigma", 2.0, 0.0),
+        min_samples=_int(cfg, "min_samples", 50, 0),
+        max_samples=_int(cfg, "max_samples", None, 2, nullable=True),
+    )
+    data = synthetic.generate(num_devices, seed, **params)
+    bounds = np.cumsum([0] + [len(y) for _, y in data])
+    natural = [np.arange(bounds[i], bounds[i + 1]) for i in range(num_devices)]
+    x = np.concatenate([x for x, _ in data])
+    y = np.concatenate([y for _, y in data])
+    return x, y, (params["num_features"],), params["num_classes"], natural, lambda a: a
+
+
+def _load_vision(cfg: Mapping, name: str):
+    spec = vision.SPECS[name]
+    root = _get(cfg, "root", None)
+    if root is None or root == "":
+        raise ConfigError(
+            "dataset.root",
+            f"is required for {name}: the folder holding '{spec.folder}/' (or set dataset.download=true)",
+        )
+    download = _get(cfg, "download", False)
+    if not isinstance(download, bool):
+        raise ConfigError("dataset.download", f"must be true or false, got {download!r}")
+    per_feature = _get(cfg, "normalize", None) == "per_feature"
+    if not per_feature:
+        mean, std = _normalize(cfg, spec.input_shape[0])
+    x, y = vision.load(name, root, download)
+    if y.size and (y.min() < 0 or y.max() >= spec.num_classes):
+        raise ValueError(f"{name}: labels outside 0..{spec.num_classes - 1} in {root}")
+    if per_feature:
+        return x, y, spec.input_shape, spec.num_classes, None, vision.per_feature_standardizer(x)
+    return x, y, spec.input_shape, spec.num_classes, None, lambda a: vision.to_float(a, mean, std)
+
+
+# ---------------------------------------------------------------- building
+def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> Federation:
+    """Load ``dataset_cfg``, split it among the devices of ``topology_cfg`` and form the teams.
+
+    Deterministic in ``seed``: every random stream is derived from it via hfl.seed.
+    """
+    name = _get(dataset_cfg, "name")
+    if name not in DATASETS:
+        raise ConfigError("dataset.name", f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+    num_devices = topology.num_devices(topology_cfg)
+    teams = topology.form_teams(num_devices, topology_cfg, seed)
+    by_label = topology_cfg.get("formation") == "by_label"
+
+    partition = _choice(dataset_cfg, "partition", "natural" if name == "synthetic" else "classes", PARTITIONS, "partition")
+    if partition == "natural" and name != "synthetic":
+        raise ConfigError("dataset.partition", f"'natural' exists only for synthetic data, not {name}")
+    if by_label and partition != "classes":
+        raise ConfigError(
+            "topology.formation", f"'by_label' gives teams label sets and needs dataset.partition=classes, got {partition!r}"
+        )
+    train_fraction = _float(dataset_cfg, "train_fraction", 0.75, 0.0, 1.0, open_lo=True)
+    size_sigma = _float(dataset_cfg, "size_sigma", 2.0, 0.0)
+    min_per_class = _int(dataset_cfg, "min_per_class", 10, 0)
+    dirichlet_alpha = _float(dataset_cfg, "dirichlet_alpha", 0.5, 0.0, open_lo=True)
+
+    if name == "synthetic":
+        x, y, input_shape, num_classes, natural, to_float = _load_synthetic(dataset_cfg, num_devices, seed)
+    else:
+        x, y, input_shape, num_classes, natural, to_float = _load_vision(dataset_cfg, name)
+
+    if partition == "natural":
+        parts, too_small_key = natural, "dataset.min_samples"
+    elif partition == "classes":
+        k = _int(dataset_cfg, "classes_per_device", 2, 1, num_classes)
+        labels = topology.team_labels(topology_cfg) if by_label else None
+        for t, team in enumerate(labels or []):
+            if max(team) >= num_classes:
+                raise ConfigError("topology.team_labels", f"team {t} has label {max(team)}; {name} has classes 0..{num_classes - 1}")
+            if k > len(team):
+                raise ConfigError(
+                    "dataset.classes_per_device", f"is {k} but team {t} has only {len(team)} labels in topology.team_labels"
+                )
+        device_classes = classes_of_devices(num_devices, num_classes, k, teams, labels)
+        parts = partition_by_classes(y, device_classes, min_per_class, size_sigma, seed)
+        too_small_key = "dataset.min_per_class"
+    elif partition == "iid":
+        parts, too_small_key = partition_iid(y, num_devices, seed), topology.device_count_key(topology_cfg)
+    else:
+        parts, too_small_key = partition_dirichlet(y, num_devices, dirichlet_alpha, seed), "dataset.dirichlet_alpha"
+
+    devices = []
+    for d, idx in enumerate(parts):
+        if len(idx) < 2:  # one train + one test sample at least
+            raise ConfigError(
+                too_small_key, f"device {d} gets {len(idx)} samples ({name}, {partition} partition); it needs at least 2"
+            )
+        train, test = split_train_test(idx, train_fraction, seed, d)
+        devices.append(
+            DeviceData(
+                device_id=d,
+                x_train=torch.from_numpy(np.ascontiguousarray(to_float(x[train]))),
+                y_train=torch.from_numpy(y[train]),
+                x_test=torch.from_numpy(np.ascontiguousarray(to_float(x[test]))),
+                y_test=torch.from_numpy(y[test]),
+            )
+        )
+    return Federation(name, tuple(input_shape), num_classes, devices, teams)
