@@ -126,3 +126,27 @@ def test_fedavg_and_hierfavg_run_on_the_tree(small_cfg, tmp_path):
         summary = run(small_cfg(f"algorithm={name}", "runtime=inprocess", "algorithm.alpha=0.05"), tmp_path / name)
         assert summary["final"]["pm_accuracy"] is None  # no personalized model
         assert summary["final"]["gm_accuracy"] > 0.1
+
+
+def test_team_nodes_nest_as_children_of_a_team_node(small_cfg, tmp_path):
+    """A deeper tree is the same mechanism applied again: a region node whose children are
+    team nodes runs its strategy over them exactly as a team runs over devices."""
+    from hfl.inprocess import InProcessClientProxy, client_manager_of
+    from hfl.team import TeamClient
+    from strategies.permfl import build_team_strategy
+
+    cfg = small_cfg()
+    alg = cfg["algorithm"]
+    fed = federation_for(cfg)
+    x = initial_model(cfg, fed)
+    # Reference: the two teams trained directly from x, then one region round by hand.
+    direct = [build_team_node(cfg, t, tmp_path / "direct").fit(x, {})[0] for t in range(2)]
+    want = team_update(x, x, mean_of(direct), alg["eta"], alg["lam"], alg["gamma"])
+    teams = [InProcessClientProxy(f"{t:06d}", build_team_node(cfg, t, tmp_path / "nested").to_client()) for t in range(2)]
+    region = TeamClient(99, client_manager_of(teams), lambda parent: build_team_strategy(alg, parent), rounds=1,
+                        personalized=False, store=StateStore(tmp_path / "region"), num_examples=1)
+    got, _, metrics = region.fit(x, {})
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    raw = sum(a.nbytes for d in direct for a in d)
+    assert raw <= metrics["bytes_up_team"] <= raw + 1024 * len(x) * 2  # payload plus .npy headers
