@@ -150,3 +150,34 @@ def test_team_nodes_nest_as_children_of_a_team_node(small_cfg, tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     raw = sum(a.nbytes for d in direct for a in d)
     assert raw <= metrics["bytes_up_team"] <= raw + 1024 * len(x) * 2  # payload plus .npy headers
+
+
+def _kill_device(node, device_id: int) -> None:
+    proxy = node.manager.all()["%06d" % device_id]
+    numpy_client = proxy.client.numpy_client  # type: ignore[attr-defined]
+
+    def dead(parameters, config):
+        raise ConnectionError(f"device {device_id} is gone")
+
+    numpy_client.fit = dead
+
+
+def test_dead_device_is_counted_and_the_team_round_goes_on(small_cfg, tmp_path):
+    cfg = small_cfg("algorithm.min_fit_fraction=0.5")
+    fed = federation_for(cfg)
+    x = initial_model(cfg, fed)
+    node = build_team_node(cfg, 0, tmp_path)
+    _kill_device(node, fed.teams[0][0])
+    model, _, metrics = node.fit(x, {})
+    assert metrics["device_failures"] == cfg["algorithm"]["team_rounds"]  # once per team round
+    assert all(np.all(np.isfinite(a)) for a in model)
+    assert any(not np.array_equal(a, b) for a, b in zip(model, x))  # the others still trained
+
+
+def test_team_round_without_enough_devices_fails_instead_of_returning_a_stale_model(small_cfg, tmp_path):
+    cfg = small_cfg("algorithm.min_fit_fraction=1.0")
+    fed = federation_for(cfg)
+    node = build_team_node(cfg, 0, tmp_path)
+    _kill_device(node, fed.teams[0][1])
+    with pytest.raises(RuntimeError, match="no model aggregated"):
+        node.fit(initial_model(cfg, fed), {})
