@@ -76,3 +76,19 @@ def _manager():
     from flwr.server.client_manager import SimpleClientManager
 
     return SimpleClientManager()
+
+
+def test_weighted_means_use_sample_counts():
+    team = PerMFLTeamStrategy([np.array([10.0], dtype=np.float32)], {**ALG, "weighted": True})
+    team.configure_fit(1, ndarrays_to_parameters([np.array([4.0], dtype=np.float32)]), client_manager=_manager())
+    # theta_bar = (10*-7 + 30*-3)/40 = -4; w = 0.5*4 + 0.3*10 + 0.2*(-4) = 4.2
+    results = [(Proxy("a"), reply(-7.0, 10, device_id=0)), (Proxy("b"), reply(-3.0, 30, device_id=1))]
+    params, _ = team.aggregate_fit(1, results, [])
+    np.testing.assert_allclose(parameters_to_ndarrays(params)[0], [4.2], rtol=1e-6)
+
+
+def test_devices_get_lambda_or_the_authors_slip():
+    fixed = PerMFLTeamStrategy([np.zeros(1)], {**ALG, "local_steps": 20, "lam": 0.5})
+    slip = PerMFLTeamStrategy([np.zeros(1)], {**ALG, "local_steps": 20, "lam": 0.5, "prox_slip": True})
+    assert fixed.fit_config["prox_coefficient"] == 0.5
+    assert slip.fit_config["prox_coefficient"] == 20  # L where lambda belongs, as in the authors' code
