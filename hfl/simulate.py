@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hfl.apps import CONF_DIR, build_global_strategy, make_client_app, make_server_app
 from hfl.config import validate
+from hfl.errors import ConfigError, DatasetNotFoundError
 from hfl.inprocess import InProcessClientProxy, client_manager_of
 from hfl.node import build_team_node, federation_for, initial_model
 
@@ -87,7 +88,12 @@ def main(cfg: DictConfig) -> float | None:
     for handler in list(flwr_logger.handlers):
         if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
             flwr_logger.removeHandler(handler)
-    summary = run(OmegaConf.to_container(cfg, resolve=True), HydraConfig.get().runtime.output_dir)
+    try:
+        summary = run(OmegaConf.to_container(cfg, resolve=True), HydraConfig.get().runtime.output_dir)
+    except (ConfigError, DatasetNotFoundError) as exc:
+        # Bad input is the user's to fix: the message, not a traceback (exit status 1).
+        log.error("%s", exc)
+        raise SystemExit(f"hfl-simulate: {exc}") from None
     log.info("hfl: final PM %s GM %s, best PM %s GM %s, %.2f s/round",
              summary["final"]["pm_accuracy"], summary["final"]["gm_accuracy"],
              summary["best"]["pm_accuracy"], summary["best"]["gm_accuracy"], summary["seconds_per_round"] or 0)
