@@ -139,6 +139,7 @@ class GlobalStrategy(Strategy):
         eval_every: int = 1,
         fit_config: Mapping[str, Scalar] | None = None,
         recorder=None,  # noqa: ANN001 - hfl.recorder.Recorder, optional
+        team_wait_seconds: float = 60.0,
     ) -> None:
         self.initial = initial
         self.num_teams = num_teams
@@ -146,6 +147,7 @@ class GlobalStrategy(Strategy):
         self.eval_every = eval_every
         self.fit_config = dict(fit_config or {})
         self.recorder = recorder
+        self.team_wait_seconds = team_wait_seconds
         self.current: NDArrays = initial
         self._round: dict[str, float] = {}
 
@@ -157,10 +159,16 @@ class GlobalStrategy(Strategy):
         return ndarrays_to_parameters(self.initial)
 
     def _teams(self, client_manager: ClientManager) -> list[ClientProxy]:
-        proxies = client_manager.sample(self.num_teams, min_num_clients=self.num_teams)
-        if len(proxies) < self.num_teams:
-            raise RuntimeError(f"{len(proxies)} team nodes available, {self.num_teams} configured")
-        return sorted(proxies, key=lambda p: p.cid)
+        # Every team takes part; a node count that differs from the topology is a deployment
+        # mistake (e.g. flwr run's num-supernodes), not something to wait out or sample around.
+        client_manager.wait_for(self.num_teams, timeout=self.team_wait_seconds)
+        available = client_manager.num_available()
+        if available != self.num_teams:
+            raise RuntimeError(
+                f"{available} team nodes connected but topology has {self.num_teams} teams; "
+                "run one SuperNode per team (flwr run: num-supernodes = number of teams)"
+            )
+        return sorted(client_manager.all().values(), key=lambda p: p.cid)
 
     def configure_fit(self, server_round, parameters, client_manager):  # noqa: ANN001
         self._round = {"start": time.perf_counter(), "bytes_down_global": 0, "bytes_up_global": 0,
@@ -177,6 +185,10 @@ class GlobalStrategy(Strategy):
 
     def aggregate_fit(self, server_round, results, failures):  # noqa: ANN001
         accepted, rejected = accept_results(results, self.current, "team_id", "global")
+        team_ids = [metrics.get("team_id") for _, _, metrics in accepted]
+        if len(set(team_ids)) != len(team_ids):
+            raise RuntimeError(f"global round {server_round}: duplicate team ids {sorted(team_ids)}; "
+                               "two nodes serve the same team (check partition-id)")
         self._round["failures"] += len(failures) + rejected
         for _, res in results:
             self._round["bytes_up_global"] += nbytes(res.parameters.tensors)

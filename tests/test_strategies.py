@@ -92,3 +92,22 @@ def test_devices_get_lambda_or_the_authors_slip():
     slip = PerMFLTeamStrategy([np.zeros(1)], {**ALG, "local_steps": 20, "lam": 0.5, "prox_slip": True})
     assert fixed.fit_config["prox_coefficient"] == 0.5
     assert slip.fit_config["prox_coefficient"] == 20  # L where lambda belongs, as in the authors' code
+
+
+def test_global_strategy_refuses_a_node_count_that_differs_from_the_topology():
+    from flwr.server.client_manager import SimpleClientManager
+
+    manager = SimpleClientManager()
+    for cid in ("0", "1", "2"):
+        manager.register(Proxy(cid))
+    strategy = PerMFLGlobalStrategy([np.zeros(1)], ALG, num_teams=2, num_rounds=1, team_wait_seconds=0.1)
+    with pytest.raises(RuntimeError, match="3 team nodes connected but topology has 2 teams"):
+        strategy.configure_fit(1, ndarrays_to_parameters([np.zeros(1)]), manager)
+
+
+def test_global_strategy_refuses_two_nodes_serving_one_team():
+    strategy = PerMFLGlobalStrategy([np.zeros(1, dtype=np.float32)], ALG, num_teams=2, num_rounds=1)
+    strategy._round = {k: 0 for k in ("failures", "bytes_up_global", "bytes_down_team", "bytes_up_team", "compute_seconds")}
+    results = [(Proxy("a"), reply(1.0, 5, team_id=0)), (Proxy("b"), reply(2.0, 5, team_id=0))]
+    with pytest.raises(RuntimeError, match="duplicate team ids"):
+        strategy.aggregate_fit(1, results, [])
