@@ -342,3 +342,20 @@ def test_download_path_pools_splits_and_fixes_layouts(monkeypatch, tmp_path):
     assert calls == [(str(tmp_path), True, True), (str(tmp_path), False, True)]
     x, y = vision.load("emnist_digits", tmp_path, download_missing=True)
     assert x.shape == (40, 1, 28, 28) and (x[:, 0, 7, 0] == 255).all() and len(y) == 40
+
+
+def test_per_feature_standardizer_is_fedprox_z_score():
+    from hfl.data.vision import per_feature_standardizer
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(50, 1, 2, 2), dtype=np.uint8)
+    images[:, 0, 0, 0] = 7  # a constant pixel (MNIST borders) must map to 0, not blow up
+    out = per_feature_standardizer(images)(images)
+    assert out.dtype == np.float32 and out.shape == images.shape
+    flat = out.reshape(50, -1)
+    np.testing.assert_allclose(flat[:, 0], 0.0)
+    np.testing.assert_allclose(flat[:, 1:].mean(0), 0.0, atol=1e-5)
+    sigma = images.reshape(50, -1)[:, 1:].astype(np.float64).std(0)
+    np.testing.assert_allclose(flat[:, 1:].std(0), sigma / (sigma + 0.001), rtol=1e-5)
+    # a device's slice uses the pooled statistics, not its own
+    np.testing.assert_allclose(per_feature_standardizer(images)(images[:5]), out[:5])
