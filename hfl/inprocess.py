@@ -114,7 +114,8 @@ def run_fit_rounds(
         aggregated, metrics = strategy.aggregate_fit(server_round, results, failures)
         if aggregated is None:
             raise RuntimeError(
-                f"round {server_round}: no model aggregated from {len(results)} results, {len(failures)} failures"
+                f"round {server_round}: no model aggregated from {len(results)} results "
+                f"({metrics.get('rejected', 0)} rejected as NaN/Inf or misshaped), {len(failures)} failures"
             )
         parameters = aggregated
         report.metrics.append(dict(metrics))

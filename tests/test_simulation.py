@@ -179,5 +179,16 @@ def test_team_round_without_enough_devices_fails_instead_of_returning_a_stale_mo
     fed = federation_for(cfg)
     node = build_team_node(cfg, 0, tmp_path)
     _kill_device(node, fed.teams[0][1])
-    with pytest.raises(RuntimeError, match="no model aggregated"):
+    with pytest.raises(RuntimeError, match="no model aggregated from 2 results .0 rejected"):
         node.fit(initial_model(cfg, fed), {})
+
+
+def test_diverging_devices_are_rejected_and_the_run_stops_loudly(small_cfg, tmp_path):
+    """NaN updates are never averaged into a model: every team rejects them, so the global
+    server has nothing to aggregate and the run fails instead of reporting the old model."""
+    cfg = small_cfg("algorithm.alpha=1e30", "runtime=inprocess")
+    with pytest.raises(RuntimeError, match="no team model to aggregate"):
+        run(cfg, tmp_path)
+    fed = federation_for(cfg)
+    with pytest.raises(RuntimeError, match=r"rejected as NaN"):
+        build_team_node(cfg, 0, tmp_path / "t").fit(initial_model(cfg, fed), {})
