@@ -64,3 +64,15 @@ def test_cli_exits_nonzero_naming_the_key(tmp_path):
     )
     assert proc.returncode != 0
     assert "algorithm.lam" in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("experiment", ["permfl_mnist_mclr", "permfl_synthetic_mclr"])
+def test_presets_are_the_full_papers_setting_and_combine_with_table2_teams(experiment):
+    cfg = compose_cfg(f"experiment={experiment}")
+    alg = cfg["algorithm"]
+    assert (alg["name"], alg["team_rounds"], alg["local_steps"], alg["weighted"]) == ("permfl", 10, 20, False)
+    assert (alg["alpha"], alg["eta"], alg["lam"], alg["gamma"], alg["beta"]) == (0.01, 0.03, 0.5, 1.5, 0.6)
+    assert cfg["dataset"]["batch_size"] == 124
+    assert (cfg["topology"]["num_teams"], cfg["topology"]["devices_per_team"]) == (4, 10)
+    worst = compose_cfg(f"experiment={experiment}", "topology=by_label_worst")
+    assert worst["topology"]["num_teams"] == 2 and worst["algorithm"]["lam"] == 0.5
