@@ -9,7 +9,6 @@ Children may themselves be team nodes, which is what makes deeper trees possible
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -135,9 +134,3 @@ def evaluate_children(
         replies.append((proxy.cid, res))
     return replies, sent
 
-
-def timed(fn, *args, **kwargs):
-    """Call ``fn`` and return (result, seconds)."""
-    start = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - start
