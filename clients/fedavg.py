@@ -16,7 +16,7 @@ T = TypeVar("T")
 
 def sgd_step(params: Sequence[T], grad: Sequence[T], lr: float) -> list[T]:
     """params <- params - lr * grad."""
-    return [p - lr * g for p, g in zip(params, grad)]
+    return [p - lr * g for p, g in zip(params, grad, strict=True)]
 
 
 class FedAvgClient(DeviceClient):

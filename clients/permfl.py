@@ -16,7 +16,7 @@ T = TypeVar("T")
 
 def device_step(theta: Sequence[T], grad: Sequence[T], anchor: Sequence[T], alpha: float, lam: float) -> list[T]:
     """theta <- theta - alpha * grad f(theta) - alpha * lam * (theta - w): one prox-SGD step toward w."""
-    return [t - alpha * g - alpha * lam * (t - a) for t, g, a in zip(theta, grad, anchor)]
+    return [t - alpha * g - alpha * lam * (t - a) for t, g, a in zip(theta, grad, anchor, strict=True)]
 
 
 class PerMFLClient(DeviceClient):

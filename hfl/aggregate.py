@@ -13,7 +13,7 @@ def update_problem(update: Sequence[np.ndarray], reference: Sequence[np.ndarray]
     """Why ``update`` cannot be aggregated with models shaped like ``reference``, or None."""
     if len(update) != len(reference):
         return f"{len(update)} tensors, expected {len(reference)}"
-    for i, (u, r) in enumerate(zip(update, reference)):
+    for i, (u, r) in enumerate(zip(update, reference, strict=True)):
         if u.shape != r.shape:
             return f"tensor {i} has shape {u.shape}, expected {r.shape}"
         if not np.all(np.isfinite(u)):
@@ -31,7 +31,7 @@ def mean_of(models: Sequence[Arrays], weights: Sequence[float] | None = None) ->
     if total <= 0:
         raise ValueError(f"weights must sum to a positive number, got {total}")
     return [
-        sum(w * m[i] for w, m in zip(weights, models)) / total  # type: ignore[misc]
+        sum(w * m[i] for w, m in zip(weights, models, strict=True)) / total  # type: ignore[misc]
         for i in range(len(models[0]))
     ]
 

@@ -82,7 +82,7 @@ class LocalTrainer:
         if self.fast_gradient is not None:
             return self.fast_gradient(params, x, y)
         leaves = [p.detach().requires_grad_(True) for p in params]
-        out = functional_call(self.model, dict(zip(self.names, leaves)), (x,))
+        out = functional_call(self.model, dict(zip(self.names, leaves, strict=True)), (x,))
         loss = F.nll_loss(out, y)
         return loss.detach(), list(torch.autograd.grad(loss, leaves))
 
@@ -90,7 +90,7 @@ class LocalTrainer:
     def evaluate(self, params: Params, x: torch.Tensor, y: torch.Tensor, chunk: int = 2048) -> tuple[float, int, int]:
         """Summed NLL loss, number correct and number of samples."""
         loss_sum, correct = 0.0, 0
-        state = dict(zip(self.names, params))
+        state = dict(zip(self.names, params, strict=True))
         for start in range(0, len(y), chunk):
             out = functional_call(self.model, state, (x[start : start + chunk],))
             target = y[start : start + chunk]

@@ -16,7 +16,6 @@ from collections.abc import Mapping, Sequence
 
 from flwr.common import (
     EvaluateIns,
-    EvaluateRes,
     FitIns,
     FitRes,
     NDArrays,

@@ -16,12 +16,12 @@ T = TypeVar("T")
 def team_update(w: Sequence[T], x: Sequence[T], theta_bar: Sequence[T], eta: float, lam: float, gamma: float) -> list[T]:
     """w <- (1 - eta*lam - eta*gamma) w + eta*gamma x + eta*lam theta_bar."""
     keep = 1.0 - eta * lam - eta * gamma
-    return [keep * wi + eta * gamma * xi + eta * lam * ti for wi, xi, ti in zip(w, x, theta_bar)]
+    return [keep * wi + eta * gamma * xi + eta * lam * ti for wi, xi, ti in zip(w, x, theta_bar, strict=True)]
 
 
 def global_update(x: Sequence[T], w_bar: Sequence[T], beta: float, gamma: float) -> list[T]:
     """x <- (1 - beta*gamma) x + beta*gamma w_bar."""
-    return [(1.0 - beta * gamma) * xi + beta * gamma * wi for xi, wi in zip(x, w_bar)]
+    return [(1.0 - beta * gamma) * xi + beta * gamma * wi for xi, wi in zip(x, w_bar, strict=True)]
 
 
 class PerMFLTeamStrategy(TeamStrategy):

@@ -108,3 +108,15 @@ def test_pool_evaluations_is_sum_correct_over_sum_samples():
     assert pooled["pm_accuracy_median"] == pytest.approx(0.8)
     assert pooled["pm_accuracy_max"] == pytest.approx(1.0)
     assert pooled["gm_accuracy"] is None  # no team reported GM
+
+
+def test_rules_refuse_models_with_a_missing_tensor():
+    two, one = [np.ones(2), np.ones(3)], [np.ones(2)]
+    with pytest.raises(ValueError):
+        device_step(two, one, two, 0.1, 0.5)
+    with pytest.raises(ValueError):
+        team_update(two, two, one, 0.1, 0.5, 1.5)
+    with pytest.raises(ValueError):
+        global_update(two, one, 0.6, 1.5)
+    with pytest.raises(ValueError):
+        mean_of([two, two], [1.0])  # a weight per model

@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from clients.permfl import device_step
 from hfl.aggregate import mean_of

@@ -31,7 +31,7 @@ def classes_of_devices(
         return [[(u + i) % num_classes for i in range(classes_per_device)] for u in range(num_devices)]
     assert teams is not None and len(teams) == len(team_labels)
     out: list[list[int]] = [[] for _ in range(num_devices)]
-    for team, labels in zip(teams, team_labels):
+    for team, labels in zip(teams, team_labels, strict=True):
         for j, device in enumerate(team):
             out[device] = [labels[(j + i) % len(labels)] for i in range(classes_per_device)]
     return out
@@ -73,7 +73,7 @@ def partition_by_classes(
         cuts = np.floor(np.cumsum(weights) / weights.sum() * rest).astype(np.int64)
         cuts[-1] = rest
         counts = np.diff(cuts, prepend=0) + min_per_class
-        for device, chunk in zip(devices, np.split(idx, np.cumsum(counts)[:-1])):
+        for device, chunk in zip(devices, np.split(idx, np.cumsum(counts)[:-1]), strict=True):
             parts[device].append(chunk)
     return [np.sort(np.concatenate(p)) if p else np.empty(0, np.int64) for p in parts]
 

@@ -116,7 +116,7 @@ def load_from_disk(name: str, root: Path) -> tuple[np.ndarray, np.ndarray]:
             reader = _read_cifar_split if name == "cifar10" else lambda f: _read_idx_split(f, spec.transposed)
             parts.append(reader(found))
         elif any(found):
-            missing = [str(p) for p, f in zip(wanted, found) if f is None]
+            missing = [str(p) for p, f in zip(wanted, found, strict=True) if f is None]
             log.warning("%s %s split is incomplete (missing %s); skipping it", name, split, ", ".join(missing))
     if not parts:
         raise DatasetNotFoundError(
