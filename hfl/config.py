@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
@@ -12,17 +13,36 @@ from hfl.errors import ConfigError
 RUNTIMES = ("simulation", "inprocess")
 
 
+def check_number(
+    key: str,
+    value: Any,
+    *,
+    integer: bool = False,
+    minimum: float = -math.inf,
+    maximum: float = math.inf,
+    open_min: bool = False,
+    open_max: bool = False,
+) -> Any:
+    """``value`` if it is an integer (or any number) within the bounds; else a ConfigError
+    naming ``key``. Booleans are rejected: YAML's ``true`` for a count is a typo."""
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise ConfigError(key, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if value < minimum or value > maximum or (open_min and value == minimum) or (open_max and value == maximum):
+        if maximum == math.inf:
+            allowed = f"{'>' if open_min else '>='} {minimum}"
+        else:
+            allowed = f"in {'(' if open_min else '['}{minimum}, {maximum}{')' if open_max else ']'}"
+        raise ConfigError(key, f"must be {allowed}, got {value}")
+    return value
+
+
 def _number(cfg: Mapping, path: str, *, minimum: float, integer: bool = False, strict: bool = False) -> None:
     node: Any = cfg
     for part in path.split("."):
         if not isinstance(node, Mapping) or part not in node:
             raise ConfigError(path, "missing")
         node = node[part]
-    kind = "an integer" if integer else "a number"
-    if isinstance(node, bool) or not isinstance(node, int if integer else (int, float)):
-        raise ConfigError(path, f"must be {kind}, got {node!r}")
-    if node < minimum or (strict and node == minimum):
-        raise ConfigError(path, f"must be {'>' if strict else '>='} {minimum}, got {node}")
+    check_number(path, node, integer=integer, minimum=minimum, open_min=strict)
 
 
 def load_module(alg: Mapping, role: str) -> ModuleType:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hfl.config import check_number
 from hfl.errors import ConfigError
 from hfl.seed import rng
 
@@ -27,12 +28,7 @@ def _int(cfg: Mapping, key: str, *, minimum: int = 1, required: bool = True) -> 
         if required:
             raise ConfigError(f"topology.{key}", "is required for formation " f"'{cfg.get('formation')}'")
         return None
-    # bool is an int subclass; `True` teams is a typo, not a count.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"topology.{key}", f"must be an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"topology.{key}", f"must be >= {minimum}, got {value}")
-    return value
+    return check_number(f"topology.{key}", value, integer=True, minimum=minimum)
 
 
 def _formation(cfg: Mapping) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from hfl.data.partition import (
     partition_iid,
     split_train_test,
 )
+from hfl.config import check_number
 from hfl.errors import ConfigError
 
 DATASETS = ("synthetic", *vision.SPECS)
@@ -58,22 +60,14 @@ def _int(cfg: Mapping, key: str, default: Any, lo: int, hi: int | None = None, n
     value = _get(cfg, key, default)
     if value is None and nullable:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"dataset.{key}", f"must be an integer, got {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        allowed = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
-        raise ConfigError(f"dataset.{key}", f"must be {allowed}, got {value}")
-    return value
+    return check_number(f"dataset.{key}", value, integer=True, minimum=lo, maximum=math.inf if hi is None else hi)
 
 
 def _float(cfg: Mapping, key: str, default: Any, lo: float, hi: float | None = None, open_lo: bool = False) -> float:
+    """A number in [lo, hi) (or (lo, hi) with ``open_lo``); hi=None means no upper bound."""
     value = _get(cfg, key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"dataset.{key}", f"must be a number, got {value!r}")
-    if value < lo or (open_lo and value == lo) or (hi is not None and value >= hi):
-        interval = f"{'(' if open_lo else '['}{lo}, {hi if hi is not None else 'inf'})"
-        raise ConfigError(f"dataset.{key}", f"must be in {interval}, got {value}")
-    return float(value)
+    upper = math.inf if hi is None else hi
+    return float(check_number(f"dataset.{key}", value, minimum=lo, maximum=upper, open_min=open_lo, open_max=hi is not None))
 
 
 def _normalize(cfg: Mapping, channels: int) -> tuple[np.ndarray, np.ndarray]:
