@@ -8,6 +8,7 @@ Children may themselves be team nodes, which is what makes deeper trees possible
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -74,30 +75,63 @@ def client_manager_of(proxies: list[ClientProxy]) -> SimpleClientManager:
     return manager
 
 
+# Counters a node adds up over its subtree (its children's replies carry theirs).
+SUBTREE_COUNTERS = ("bytes_down_level", "bytes_up_level", "failures_level", "device_failures", "rejected")
+
+
 @dataclass
 class RoundsReport:
-    """What a run of team rounds moved and lost."""
+    """What a run of a node's rounds moved, lost and asked."""
 
     bytes_down: int = 0
     bytes_up: int = 0
     failures: int = 0
+    num_examples: int = 0  # samples behind the last round's aggregate (they sum up the tree)
     metrics: list[dict] = field(default_factory=list)
+    samples: list[list[str]] = field(default_factory=list)  # per round, the cids asked
+    subtree: dict[str, float] = field(default_factory=dict)  # SUBTREE_COUNTERS from the children
+    child_samples: list[dict] = field(default_factory=list)  # the sample records of child nodes
+
+    def add_child_counters(self, metrics: dict) -> None:
+        for key, value in metrics.items():
+            if key.startswith(SUBTREE_COUNTERS) and isinstance(value, int | float):
+                self.subtree[key] = self.subtree.get(key, 0) + value
+        if metrics.get("samples"):
+            self.child_samples.extend(json.loads(str(metrics["samples"])))
+
+
+Sampler = Callable[[int, list[ClientProxy]], list[ClientProxy]]
 
 
 def run_fit_rounds(
-    strategy: Strategy, manager: SimpleClientManager, num_rounds: int
+    strategy: Strategy,
+    manager: SimpleClientManager,
+    num_rounds: int,
+    sample: Sampler | None = None,
+    round_path: str = "",
 ) -> tuple[Parameters, RoundsReport]:
-    """``num_rounds`` rounds of configure_fit -> client.fit -> aggregate_fit, in order."""
+    """``num_rounds`` rounds of configure_fit -> client.fit -> aggregate_fit, in order.
+
+    Each round the strategy sees only the children ``sample(round, children)`` picks (all
+    of them without a sampler); each FitIns also carries the ``round_path`` of that round
+    (e.g. ``"3.2"`` = team round 2 of global round 3) so that a child node seeds its own
+    sampling by it.
+    """
     report = RoundsReport()
     parameters = strategy.initialize_parameters(manager)
     if parameters is None:
         raise RuntimeError(f"{type(strategy).__name__}.initialize_parameters returned no model")
+    children = sorted(manager.all().values(), key=lambda p: p.cid)
     for server_round in range(1, num_rounds + 1):
-        instructions = strategy.configure_fit(server_round, parameters, manager)
+        asked = sample(server_round, children) if sample is not None else children
+        report.samples.append([proxy.cid for proxy in asked])
+        instructions = strategy.configure_fit(server_round, parameters, client_manager_of(asked))
         results: list[tuple[ClientProxy, FitRes]] = []
         failures: list[tuple[ClientProxy, FitRes] | BaseException] = []
+        here = f"{round_path}.{server_round}" if round_path else str(server_round)
         for proxy, ins in instructions:
             report.bytes_down += nbytes(ins.parameters.tensors)
+            ins = FitIns(ins.parameters, {**ins.config, "round_path": here})
             try:
                 res = proxy.fit(ins, timeout=None, group_id=server_round)
             except Exception as exc:  # a dead child is counted, the round goes on
@@ -108,6 +142,7 @@ def run_fit_rounds(
                 failures.append((proxy, res))
                 continue
             report.bytes_up += nbytes(res.parameters.tensors)
+            report.add_child_counters(res.metrics)
             results.append((proxy, res))
         report.failures += len(failures)
         aggregated, metrics = strategy.aggregate_fit(server_round, results, failures)
@@ -118,6 +153,7 @@ def run_fit_rounds(
             )
         parameters = aggregated
         report.metrics.append(dict(metrics))
+        report.num_examples = sum(res.num_examples for _, res in results if res.metrics.get("payload") != "empty")
     return parameters, report
 
 

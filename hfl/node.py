@@ -1,23 +1,30 @@
-"""Build a team node (its devices, their clients and its strategy) from the configuration."""
+"""Build the tree's nodes (devices, their clients, inner nodes and their strategies) from the
+configuration."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from flwr.common import NDArrays
 
 from hfl.config import load_module
 from hfl.data import DeviceData, Federation, build_federation
 from hfl.device import DeviceRuntime
+from hfl.errors import ConfigError
 from hfl.inprocess import InProcessClientProxy, client_manager_of
 from hfl.models import build_model
+from hfl.payload import Payload
 from hfl.seed import derive_seed
 from hfl.store import StateStore
-from hfl.team import TeamClient
+from hfl.tree import Tree, child_path, level_of
+from hfl.tree_node import NodeClient, NodeSpec
 from hfl.training import BatchSampler, LocalTrainer, to_ndarrays
 
 
@@ -47,31 +54,101 @@ def device_runtime(cfg: Mapping, device_id: int, data: DeviceData, trainer: Loca
     return device
 
 
-def build_team_node(cfg: Mapping, team_id: int, state_dir: str | Path) -> TeamClient:
-    fed = federation_for(cfg)
-    if not 0 <= team_id < len(fed.teams):
-        raise ValueError(f"team node {team_id} does not exist: the topology has {len(fed.teams)} teams")
+# ---------------------------------------------------------------- per-level settings
+def level_rounds(alg: Mapping, level: int, depth: int) -> int:
+    """Rounds a node at ``level`` (1..depth-1) runs per call: ``algorithm.level_rounds[level-1]``
+    where given, else ``team_rounds`` at the lowest server level and 1 above it (so FedAvg's
+    means compose into one flat mean, and HierFAVG has its K rounds at the lowest level)."""
+    rounds = alg.get("level_rounds")
+    if rounds is not None:
+        return int(rounds[level - 1])
+    return int(alg["team_rounds"]) if level == depth - 1 else 1
+
+
+def level_fraction(alg: Mapping, level: int) -> float:
+    """The fraction of its children a node at ``level`` asks per round (``algorithm.sample_fraction``:
+    one number for every level, or a list, root first)."""
+    fraction = alg.get("sample_fraction", 1.0)
+    if isinstance(fraction, list | tuple):
+        return float(fraction[level])
+    return float(fraction)
+
+
+def check_tree(cfg: Mapping, tree: Tree) -> None:
+    """Refuse a tree the algorithm is not defined on, and per-level lists of the wrong length."""
     alg = cfg["algorithm"]
-    client_module = load_module(alg, "client")
-    strategy_module = load_module(alg, "strategy")
-    trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, fed.num_classes))
+    if tree.depth != 2 and not alg.get("any_depth", False):
+        key = "topology.fanout" if cfg["topology"].get("formation") == "tree" else "topology.formation"
+        raise ConfigError(key, f"algorithm {alg['name']!r} is defined for three tiers (a tree of depth 2: root, "
+                               f"servers, devices); this tree has depth {tree.depth}")
+    for key, length in (("level_rounds", tree.depth - 1), ("sample_fraction", tree.depth)):
+        value = alg.get(key)
+        if isinstance(value, list | tuple) and len(value) != length:
+            raise ConfigError(f"algorithm.{key}", f"has {len(value)} entries; this tree of depth {tree.depth} "
+                                                  f"needs {length} ({'levels 1..' if key == 'level_rounds' else 'levels 0..'}"
+                                                  f"{tree.depth - 1})")
+    if level_fraction(alg, 0) != 1.0:
+        raise ConfigError("algorithm.sample_fraction", "the root asks every level-1 node (its entry 0 must be 1); "
+                                                       "sampling applies from level 1 down")
+
+
+@dataclass
+class NodeContext:
+    """What an algorithm's ``build_node_strategy`` gets for one call of a node."""
+
+    cfg: Mapping[str, Any]
+    path: str
+    depth: int
+    payload: Payload  # what the parent sent
+    state: dict[str, np.ndarray] | None  # what the node stored after its last call
+    fed: Federation
+
+    @property
+    def level(self) -> int:
+        return level_of(self.path)
+
+
+def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
+    """The inner node at ``path`` with its whole subtree in this process."""
+    fed = federation_for(cfg)
+    tree = fed.tree
+    alg = cfg["algorithm"]
     store = StateStore(state_dir)
-    devices = [device_runtime(cfg, device_id, fed.devices[device_id], trainer, store) for device_id in fed.teams[team_id]]
-    proxies = [InProcessClientProxy(f"{d.device_id:06d}", client_module.make_client(d).to_client()) for d in devices]
+    level = level_of(path)
+    strategy_module = load_module(alg, "strategy")
+    if tree.is_lowest(path):
+        client_module = load_module(alg, "client")
+        trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, fed.num_classes))
+        devices = [device_runtime(cfg, d, fed.devices[d], trainer, store) for d in tree.devices(path)]
+        proxies = [InProcessClientProxy(f"{d.device_id:06d}", client_module.make_client(d).to_client()) for d in devices]
 
-    def persist() -> None:
-        for device in devices:
-            device.save(store)
+        def persist() -> None:
+            for device in devices:
+                device.save(store)
+    else:
+        proxies = [InProcessClientProxy(child, lambda child=child: build_node(cfg, child, state_dir).to_client())
+                   for child in tree.children(path)]
 
-    return TeamClient(
-        team_id,
-        client_manager_of(proxies),
-        lambda parent: strategy_module.build_team_strategy(alg, parent),
-        rounds=int(alg["team_rounds"]),
-        personalized=bool(alg["personalized"]),
-        store=store,
-        num_examples=sum(len(d.y_train) for d in devices),
-        persist=persist,
-        global_model=bool(alg.get("global_model", True)),
-    )
+        def persist() -> None:
+            pass
 
+    if hasattr(strategy_module, "build_node_strategy"):
+        def make_strategy(payload, state):  # noqa: ANN001, ANN202
+            return strategy_module.build_node_strategy(alg, NodeContext(cfg, path, tree.depth, payload, state, fed))
+    else:  # the three-tier algorithms: a strategy built from the parent model alone
+        def make_strategy(payload, state):  # noqa: ANN001, ANN202
+            return strategy_module.build_team_strategy(alg, payload.main)
+
+    spec = NodeSpec(path, level_rounds(alg, level, tree.depth), level_fraction(alg, level), int(cfg["seed"]),
+                    tree.is_lowest(path))
+    return NodeClient(spec, client_manager_of(proxies), make_strategy, store,
+                      personalized=bool(alg["personalized"]), global_model=bool(alg.get("global_model", True)),
+                      persist=persist)
+
+
+def build_team_node(cfg: Mapping, team_id: int, state_dir: str | Path) -> NodeClient:
+    """The level-1 node ``team_id`` (a SuperNode of the simulation) with its subtree."""
+    teams = federation_for(cfg).tree.children("")
+    if not 0 <= team_id < len(teams):
+        raise ValueError(f"team node {team_id} does not exist: the topology has {len(teams)} level-1 nodes")
+    return build_node(cfg, child_path("", team_id), state_dir)

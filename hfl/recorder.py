@@ -16,6 +16,17 @@ log = logging.getLogger("hfl")
 TRAFFIC_KEYS = ("bytes_down_global", "bytes_up_global", "bytes_down_team", "bytes_up_team")
 
 
+def traffic(counters: dict) -> dict[str, int]:
+    """Bytes moved per tier (global = root edges, team = every edge below level 1) and per
+    edge level (``bytes_down_level{d}``: sent by the servers at depth d; level0 = global)."""
+    out = {key: int(counters.get(key, 0)) for key in TRAFFIC_KEYS}
+    out["bytes_down_level0"], out["bytes_up_level0"] = out["bytes_down_global"], out["bytes_up_global"]
+    levels = sorted((k for k in counters if k.startswith(("bytes_down_level", "bytes_up_level")) and k[-1].isdigit()),
+                    key=lambda k: (int(k.rsplit("level", 1)[1]), k))
+    out.update({k: int(counters[k]) for k in levels if not k.endswith("level0")})
+    return out
+
+
 def _pct(value: float | None) -> str:
     return "  n/a " if value is None else f"{100 * value:6.2f}"
 
@@ -37,22 +48,31 @@ class Recorder:
     def round_done(self, rnd: int, seconds: float, counters: dict, evaluation: dict | None, model: NDArrays) -> None:
         self.round_seconds.append(seconds)
         self.failures += int(counters.get("failures", 0))
-        for key in TRAFFIC_KEYS:
-            self.totals[key] += int(counters.get(key, 0))
+        moved = traffic(counters)
+        for key, value in moved.items():
+            self.totals[key] = self.totals.get(key, 0) + value
+        if counters.get("samples"):
+            with (self.run_dir / "samples.jsonl").open("a") as f:
+                for records in counters["samples"]:
+                    for record in json.loads(records):
+                        f.write(json.dumps({"global_round": rnd, **record}) + "\n")
         if evaluation is not None:
             line = {"round": rnd, **evaluation, "seconds": seconds,
                     "compute_seconds": counters.get("compute_seconds", 0.0),
                     "failures": int(counters.get("failures", 0)),
                     "evaluation_failures": int(counters.get("evaluation_failures", 0)),
-                    **{key: int(counters.get(key, 0)) for key in TRAFFIC_KEYS}}
+                    **{k: int(v) for k, v in counters.items() if k.startswith("failures_level")},
+                    **moved}
             self.lines.append(line)
             with self.metrics_path.open("a") as f:
                 f.write(json.dumps(line) + "\n")
             np.savez(self.run_dir / "checkpoints" / "global_model.npz", *model, round=np.array(rnd))
+            deeper = "".join(f"  level{d} {_pct(line[f'level{d}_accuracy'])}%" for d in range(2, 10)
+                             if line.get(f"level{d}_accuracy") is not None)
             log.info(
-                "round %d/%d  PM %s%%  GM %s%%  team %s%%  GM loss %.4f  %.2fs",
+                "round %d/%d  PM %s%%  GM %s%%  team %s%%%s  GM loss %.4f  %.2fs",
                 rnd, self.num_rounds, _pct(line.get("pm_accuracy")), _pct(line.get("gm_accuracy")),
-                _pct(line.get("team_accuracy")), line.get("gm_loss") or float("nan"), seconds,
+                _pct(line.get("team_accuracy")), deeper, line.get("gm_loss") or float("nan"), seconds,
             )
         if rnd == self.num_rounds:
             self.write_summary()
@@ -63,7 +83,8 @@ class Recorder:
             return max(values) if values else None
 
         last = self.lines[-1] if self.lines else {}
-        keys = ("pm_accuracy", "gm_accuracy", "team_accuracy")
+        levels = sorted({k for line in self.lines for k in line if k.startswith("level") and k.endswith("_accuracy")})
+        keys = ("pm_accuracy", "gm_accuracy", "team_accuracy", *levels)
         later = self.round_seconds[1:] or self.round_seconds
         summary = {
             **self.meta,

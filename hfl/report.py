@@ -7,7 +7,12 @@ or any directory with run directories below it at any depth (a Hydra multirun, o
 Runs are grouped by (dataset, model), then by algorithm; the seeds of one algorithm are
 aggregated. Writes ``OUT/report.md`` (also printed to stdout) with one table per
 dataset/model and, per dataset/model, ``<dataset>_<model>_accuracy.png`` and
-``<dataset>_<model>_loss.png`` with a PM and a GM panel per global round.
+``<dataset>_<model>_loss.png`` with one panel per model level per global round.
+
+Model levels: PM (the devices' personal models, ``pm_*`` in metrics.jsonl), the inner
+servers' models of each depth d >= 1 (``level{d}_*``; ``team_*`` is level 1, the teams of
+a 3-tier run), GM (the root's model, ``gm_*``) and GM proxy (the root's model on its proxy
+test set, ``gm_proxy_*``). Any of them may be absent or null in a line.
 
 Conventions:
 
@@ -24,8 +29,14 @@ Conventions:
   since their "final" then means different rounds.
 * Runs of one row whose Hydra configs differ in anything but the seed (and the runtime)
   produce a warning too: they are aggregated as if they were seeds of one experiment.
-* Plots: one line per algorithm, the mean over seeds at each evaluated round (over the
-  seeds that evaluated it), with a shaded band from the seeds' minimum to maximum.
+* Inner levels: a table gets a "level{d} final" column per depth d that some of its runs
+  report (team as level1): each run's value at its last evaluated round (summary.json's
+  "final" where it has it, else the last metrics.jsonl line). Tables whose runs report no
+  inner level have no such column.
+* Plots: one panel per model level that some run of the dataset/model reports, in the
+  order PM, level1, level2, ..., GM, GM proxy (PM and GM when no run reports any); one
+  line per algorithm, the mean over seeds at each evaluated round (over the seeds that
+  evaluated it), with a shaded band from the seeds' minimum to maximum.
 * ``--paper FILE`` (YAML or JSON): ``{"dataset/model": {algorithm: {pm: x, gm: y}}}`` in
   percent; adds "paper PM" and "paper GM" columns. Missing entries show "—".
 """
@@ -74,12 +85,66 @@ class Run:
         return self.summary.get("rounds")
 
 
+@dataclass(frozen=True)
+class Level:
+    """One model level: how columns and the placeholder name it, its panel title, and the
+    metric-name prefixes that hold it (the first one with a value wins)."""
+
+    name: str
+    label: str
+    prefixes: tuple[str, ...]
+    depth: int | None = None  # inner levels only
+
+    def keys(self, quantity: str) -> tuple[str, ...]:
+        return tuple(f"{prefix}_{quantity}" for prefix in self.prefixes)
+
+
+PM = Level("PM", "PM (personalized)", ("pm",))
+GM = Level("GM", "GM (global)", ("gm",))
+GM_PROXY = Level("GM proxy", "GM proxy (root's proxy set)", ("gm_proxy",))
+LEVEL_KEY = re.compile(r"(pm|gm|gm_proxy|team|level([1-9][0-9]*))_(?:accuracy|loss)")
+
+
+def model_levels(keys: Iterable[str]) -> list[Level]:
+    """The model levels that these metric names (those with a value) show, in the order
+    PM, level1, level2, ..., GM, GM proxy. team_* is level1: labelled "level1 (team)" when
+    no level1_* name is among the keys, and the fallback of a run without level1_*."""
+    prefixes = {match.group(1) for key in keys if (match := LEVEL_KEY.fullmatch(key))}
+    depths = {int(prefix.removeprefix("level")) for prefix in prefixes if prefix.startswith("level")}
+    if "team" in prefixes:
+        depths.add(1)
+    inner = [Level(f"level{d}", "level1 (team)" if d == 1 and "level1" not in prefixes else f"level{d}",
+                   ("level1", "team") if d == 1 else (f"level{d}",), d) for d in sorted(depths)]
+    return ([level for level in (PM,) if level.prefixes[0] in prefixes] + inner
+            + [level for level in (GM, GM_PROXY) if level.prefixes[0] in prefixes])
+
+
+def present_keys(runs: Iterable[Run]) -> set[str]:
+    """Names of the metrics that some run gives a value (metrics.jsonl lines, summary.json's final)."""
+    return {key for run in runs for record in (*run.metrics, run.summary.get("final") or {})
+            for key, value in record.items() if value is not None}
+
+
+def first_value(record: dict, keys: Sequence[str]) -> float | None:
+    """The value of the first of keys that record has as a finite number."""
+    for key in keys:
+        value = record.get(key)
+        if isinstance(value, int | float) and math.isfinite(value):
+            return float(value)
+    return None
+
+
 @dataclass
 class Row:
     """One algorithm on one dataset/model: its runs (one per seed)."""
 
     algorithm: str
     runs: list[Run] = field(default_factory=list)
+
+
+def group_levels(rows: dict[str, Row]) -> list[Level]:
+    """The model levels that some run of these rows reports."""
+    return model_levels(present_keys(run for row in rows.values() for run in row.runs))
 
 
 # ---------------------------------------------------------------- reading runs
@@ -236,10 +301,25 @@ def aggregate(values: Iterable[float | None]) -> Stat | None:
     return Stat(statistics.fmean(present), statistics.stdev(present) if len(present) > 1 else None, len(present))
 
 
+def percent_stat(values: Iterable[float | None]) -> Stat | None:
+    return aggregate(None if value is None else 100 * value for value in values)
+
+
 def row_stat(row: Row, model: str, kind: str) -> Stat | None:
     """kind = best | final, model = pm | gm; in percent."""
-    values = [(run.summary.get(kind) or {}).get(f"{model}_accuracy") for run in row.runs]
-    return aggregate(None if value is None else 100 * value for value in values)
+    return percent_stat((run.summary.get(kind) or {}).get(f"{model}_accuracy") for run in row.runs)
+
+
+def final_value(run: Run, keys: Sequence[str]) -> float | None:
+    """The run's value of the first of keys at its last evaluated round: summary.json's
+    "final" where it has one, else the last metrics.jsonl line."""
+    value = first_value(run.summary.get("final") or {}, keys)
+    return value if value is not None or not run.metrics else first_value(run.metrics[-1], keys)
+
+
+def level_final_stat(row: Row, level: Level) -> Stat | None:
+    """The level's final accuracy over the row's runs, in percent."""
+    return percent_stat(final_value(run, level.keys("accuracy")) for run in row.runs)
 
 
 def format_stat(stat: Stat | None, runs: int) -> str:
@@ -308,14 +388,16 @@ def check_paper(paper: dict, groups: dict[tuple[str, str], dict[str, Row]]) -> l
 
 
 def group_table(rows: dict[str, Row], paper: dict[str, dict[str, float | None]] | None) -> str:
-    header = ["algorithm", "PM best", "PM final", "GM best", "GM final"]
+    inner = [level for level in group_levels(rows) if level.depth is not None]
+    header = ["algorithm", "PM best", "PM final", "GM best", "GM final"] + [f"{level.name} final" for level in inner]
     if paper is not None:
         header += ["paper PM", "paper GM"]
     header += ["seeds", "rounds"]
     lines = ["| " + " | ".join(header) + " |",
              "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
     for row in rows.values():
-        cells = [row.algorithm] + [format_stat(row_stat(row, m, k), len(row.runs)) for m in MODELS for k in KINDS]
+        stats = [row_stat(row, m, k) for m in MODELS for k in KINDS] + [level_final_stat(row, lv) for lv in inner]
+        cells = [row.algorithm] + [format_stat(stat, len(row.runs)) for stat in stats]
         if paper is not None:
             ours = paper.get(row.algorithm, {})
             cells += [DASH if ours.get(m) is None else f"{ours[m]:.2f}" for m in MODELS]
@@ -341,14 +423,16 @@ def render_markdown(groups: dict[tuple[str, str], dict[str, Row]], paper: dict |
 # ---------------------------------------------------------------- plots
 
 
-def curve(runs: Sequence[Run], key: str) -> tuple[list[int], list[float], list[float], list[float]]:
-    """Per evaluated round: (rounds, mean, min, max) of key over the runs that report it."""
+def curve(runs: Sequence[Run], keys: str | Sequence[str]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Per evaluated round: (rounds, mean, min, max) over the runs that report it; with several
+    keys, each line's first one that has a value."""
+    keys = (keys,) if isinstance(keys, str) else keys
     by_round: dict[int, list[float]] = {}
     for run in runs:
         for line in run.metrics:
-            value = line.get(key)
-            if isinstance(value, int | float) and math.isfinite(value):
-                by_round.setdefault(line["round"], []).append(float(value))
+            value = first_value(line, keys)
+            if value is not None:
+                by_round.setdefault(line["round"], []).append(value)
     rounds = sorted(by_round)
     return (rounds, [statistics.fmean(by_round[r]) for r in rounds],
             [min(by_round[r]) for r in rounds], [max(by_round[r]) for r in rounds])
@@ -358,45 +442,60 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"
 
 
-def plot_group(rows: dict[str, Row], dataset: str, model: str, out_dir: Path) -> list[str]:
-    """<dataset>_<model>_accuracy.png and _loss.png in out_dir; returns the file names."""
+QUANTITIES = (("accuracy", 100.0, "test accuracy (%)"), ("loss", 1.0, "test loss"))
+
+
+def levels_figure(rows: dict[str, Row], levels: Sequence[Level], quantity: str, scale: float, ylabel: str,
+                  title: str):
+    """A matplotlib Figure with one panel per level (in a grid of at most 3 columns), one line
+    per algorithm with its seeds' min-max band."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     colors = {algorithm: f"C{i % 10}" for i, algorithm in enumerate(rows)}
+    columns = len(levels) if len(levels) <= 3 else math.ceil(math.sqrt(len(levels)))
+    grid_rows = math.ceil(len(levels) / columns)
+    fig = Figure(figsize=(5 * columns, 4 * grid_rows), layout="constrained")
+    FigureCanvasAgg(fig)
+    for index, level in enumerate(levels, start=1):
+        ax = fig.add_subplot(grid_rows, columns, index)
+        for algorithm, row in rows.items():
+            rounds, mean, low, high = curve(row.runs, level.keys(quantity))
+            if not rounds:
+                continue
+            n = len(row.runs)
+            ax.plot(rounds, [scale * v for v in mean], color=colors[algorithm],
+                    marker="o" if len(rounds) <= 20 else None, markersize=3,
+                    label=f"{algorithm} (n={n})")
+            if n > 1:
+                ax.fill_between(rounds, [scale * v for v in low], [scale * v for v in high],
+                                color=colors[algorithm], alpha=0.2, linewidth=0)
+        ax.set_title(f"{level.label} {quantity}")
+        ax.set_xlabel("global round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize="small")
+        else:
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.text(0.5, 0.5, f"no {level.name} {quantity} in these runs", ha="center", va="center",
+                    transform=ax.transAxes, color="gray")
+    fig.suptitle(title)
+    return fig
+
+
+def plot_group(rows: dict[str, Row], dataset: str, model: str, out_dir: Path) -> list[str]:
+    """<dataset>_<model>_accuracy.png and _loss.png in out_dir, a panel per model level that
+    the runs report (PM and GM when they report none); returns the file names."""
+    levels = group_levels(rows) or [PM, GM]
     names = []
-    for quantity, suffix, scale, ylabel in (("accuracy", "accuracy", 100.0, "test accuracy (%)"),
-                                            ("loss", "loss", 1.0, "test loss")):
-        fig = Figure(figsize=(10, 4), layout="constrained")
-        FigureCanvasAgg(fig)
-        axes = fig.subplots(1, 2, sharey=False)
-        for ax, model_key, label in zip(axes, MODELS, ("PM (personalized)", "GM (global)"), strict=True):
-            for algorithm, row in rows.items():
-                rounds, mean, low, high = curve(row.runs, f"{model_key}_{quantity}")
-                if not rounds:
-                    continue
-                n = len(row.runs)
-                ax.plot(rounds, [scale * v for v in mean], color=colors[algorithm],
-                        marker="o" if len(rounds) <= 20 else None, markersize=3,
-                        label=f"{algorithm} (n={n})")
-                if n > 1:
-                    ax.fill_between(rounds, [scale * v for v in low], [scale * v for v in high],
-                                    color=colors[algorithm], alpha=0.2, linewidth=0)
-            ax.set_title(f"{label} {quantity}")
-            ax.set_xlabel("global round")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_ylabel(ylabel)
-            ax.grid(alpha=0.3)
-            if ax.lines:
-                ax.legend(fontsize="small")
-            else:
-                ax.set_xticks([])
-                ax.set_yticks([])
-                ax.text(0.5, 0.5, f"no {model_key.upper()} in these runs", ha="center", va="center",
-                        transform=ax.transAxes, color="gray")
-        fig.suptitle(f"{dataset} / {model}: mean over seeds, band = min–max")
-        name = f"{safe_name(dataset)}_{safe_name(model)}_{suffix}.png"
+    for quantity, scale, ylabel in QUANTITIES:
+        fig = levels_figure(rows, levels, quantity, scale, ylabel,
+                            f"{dataset} / {model}: mean over seeds, band = min–max")
+        name = f"{safe_name(dataset)}_{safe_name(model)}_{quantity}.png"
         fig.savefig(out_dir / name, dpi=120)
         names.append(name)
     return names

@@ -7,18 +7,26 @@ Formations (``topology.formation``):
 - ``by_label``: team ``t`` is the contiguous id block ``[t*dpt, (t+1)*dpt)``; the data
   layer gives its devices only the labels in ``team_labels[t]`` (PerMFL Table 2).
 - ``explicit``: ``teams`` lists the device ids of every team.
+- ``tree``: a tree of any depth (hfl.tree): ``fanout`` (children per node at each depth, root
+  first; the last entry is devices per lowest-level server), formed at random (seeded), or
+  ``nodes``, nested lists of device ids. ``fanout: [k, m]`` gives exactly ``random``'s k teams of m.
+
+``form_tree`` gives every formation as a hfl.tree.Tree (the 3-tier ones as depth-2 trees);
+``form_teams`` gives the level-1 groups (the teams).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hfl.config import check_number
 from hfl.errors import ConfigError
 from hfl.seed import rng
+from hfl.tree import Tree, check_fanout, from_fanout, from_nested, from_teams
 
-FORMATIONS = ("random", "by_label", "explicit")
+FORMATIONS = ("random", "by_label", "explicit", "tree")
 
 
 def _int(cfg: Mapping, key: str, *, minimum: int = 1, required: bool = True) -> int | None:
@@ -78,9 +86,28 @@ def team_labels(cfg: Mapping) -> list[list[int]]:
     return out
 
 
+def _tree_spec(cfg: Mapping) -> tuple[list[int] | None, Any]:
+    """Formation ``tree``: (checked fanout, None) or (None, raw nodes); exactly one is given."""
+    fanout, nodes = cfg.get("fanout"), cfg.get("nodes")
+    if nodes is not None:
+        if fanout is not None:
+            raise ConfigError(
+                "topology.nodes", "give either topology.fanout or topology.nodes, not both (set fanout: null)"
+            )
+        return None, nodes
+    if fanout is None:
+        raise ConfigError(
+            "topology.fanout", "formation 'tree' needs a fanout (e.g. [2, 3, 5]) or topology.nodes (nested lists)"
+        )
+    return check_fanout(fanout, "topology.fanout"), None
+
+
 def num_devices(topology_cfg: Mapping) -> int:
     """How many devices the topology describes (the federation is built with this many)."""
     formation = _formation(topology_cfg)
+    if formation == "tree":
+        fanout, nodes = _tree_spec(topology_cfg)
+        return math.prod(fanout) if fanout is not None else from_nested(nodes, "topology.nodes").num_devices
     if formation == "explicit":
         return sum(len(team) for team in _explicit_teams(topology_cfg))
     return _int(topology_cfg, "num_teams") * _int(topology_cfg, "devices_per_team")
@@ -88,12 +115,31 @@ def num_devices(topology_cfg: Mapping) -> int:
 
 def device_count_key(topology_cfg: Mapping) -> str:
     """The config key to blame when the device count is too large for the data."""
-    return "topology.teams" if topology_cfg.get("formation") == "explicit" else "topology.devices_per_team"
+    formation = topology_cfg.get("formation")
+    if formation == "tree":
+        return "topology.nodes" if topology_cfg.get("nodes") is not None else "topology.fanout"
+    return "topology.teams" if formation == "explicit" else "topology.devices_per_team"
+
+
+def form_tree(num_devices: int, topology_cfg: Mapping, seed: int) -> Tree:
+    """The federation's tree for any formation; the 3-tier ones give ``from_teams(form_teams(...))``."""
+    if _formation(topology_cfg) != "tree":
+        return from_teams(form_teams(num_devices, topology_cfg, seed))
+    fanout, nodes = _tree_spec(topology_cfg)
+    tree = from_fanout(fanout, seed) if fanout is not None else from_nested(nodes, "topology.nodes")
+    if tree.num_devices != num_devices:
+        raise ConfigError(
+            device_count_key(topology_cfg), f"describes {tree.num_devices} devices but the federation has {num_devices}"
+        )
+    return tree
 
 
 def form_teams(num_devices: int, topology_cfg: Mapping, seed: int) -> list[list[int]]:
-    """Teams as sorted lists of device ids; every id in ``0..num_devices-1`` is in exactly one team."""
+    """Teams as sorted lists of device ids; every id in ``0..num_devices-1`` is in exactly one team.
+    For formation ``tree``: the devices under each level-1 node."""
     formation = _formation(topology_cfg)
+    if formation == "tree":
+        return form_tree(num_devices, topology_cfg, seed).teams
     if formation == "explicit":
         return _form_explicit(num_devices, topology_cfg)
 

@@ -6,13 +6,12 @@ update rule; sampling, validation of updates, ordering and bookkeeping live here
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import statistics
 import time
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from flwr.common import (
     EvaluateIns,
@@ -29,29 +28,42 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from hfl.aggregate import nbytes, update_problem
+from hfl.evaluation import pool_evaluations
+from hfl.payload import unpack
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("pm", "gm", "team")
+class Update(NamedTuple):
+    model: NDArrays  # the payload's main arrays
+    num_examples: int
+    metrics: Mapping[str, Scalar]
+    parts: dict[str, NDArrays]  # every part of a ``parts`` payload (just the model otherwise)
 
 
 def accept_results(
     results: Sequence[tuple[ClientProxy, FitRes]], reference: NDArrays, order_key: str, tier: str
-) -> tuple[list[tuple[NDArrays, int, Mapping[str, Scalar]]], int]:
-    """Updates that can be aggregated, ordered by ``metrics[order_key]`` (so float sums do not
-    depend on arrival order), and the number rejected (logged with the reason)."""
+) -> tuple[list[Update], int]:
+    """Updates that can be aggregated, ordered by ``metrics[order_key]`` (or the child node's
+    path) so that float sums do not depend on arrival order, and the number rejected (logged
+    with the reason). Empty payloads (a subtree with nothing to report) are skipped, not rejected."""
     accepted, rejected = [], 0
     for proxy, res in results:
-        arrays = parameters_to_ndarrays(res.parameters)
-        problem = update_problem(arrays, reference)
+        try:
+            payload = unpack(parameters_to_ndarrays(res.parameters), res.metrics)
+        except (ValueError, KeyError) as exc:
+            payload, problem = None, f"malformed payload: {exc}"
+        else:
+            if payload.kind == "empty":
+                continue
+            problem = update_problem(payload.main, reference) if "model" in payload.parts else "no model part"
         if problem is None and res.num_examples <= 0:
             problem = f"num_examples is {res.num_examples}"
         if problem is not None:
             rejected += 1
             log.warning("%s: rejected the update of %s: %s", tier, proxy.cid, problem)
             continue
-        accepted.append((arrays, res.num_examples, res.metrics))
-    accepted.sort(key=lambda item: item[2].get(order_key, 0))
+        accepted.append(Update(payload.main, res.num_examples, res.metrics, payload.parts))
+    accepted.sort(key=lambda u: u.metrics.get(order_key, u.metrics.get("node", 0)))
     return accepted, rejected
 
 
@@ -91,8 +103,8 @@ class TeamStrategy(Strategy):
         if len(accepted) < needed:
             log.error("team round %d: %d usable updates, %d needed", server_round, len(accepted), needed)
             return None, stats
-        models = [m for m, _, _ in accepted]
-        weights = [n for _, n, _ in accepted]
+        models = [u.model for u in accepted]
+        weights = [u.num_examples for u in accepted]
         return ndarrays_to_parameters(self.aggregate(self.current, models, weights)), stats
 
     def configure_evaluate(self, server_round, parameters, client_manager):  # noqa: ANN001
@@ -103,26 +115,6 @@ class TeamStrategy(Strategy):
 
     def evaluate(self, server_round, parameters):  # noqa: ANN001
         return None
-
-
-def pool_evaluations(team_metrics: Sequence[Mapping[str, Scalar]]) -> dict[str, float | None]:
-    """Pool team reports into accuracy = sum correct / sum samples (and loss likewise),
-    plus the spread of per-device accuracies."""
-    pooled: dict[str, float | None] = {}
-    for target in TARGETS:
-        n = sum(int(m.get(f"{target}_n", 0)) for m in team_metrics)
-        if n == 0:
-            pooled[f"{target}_accuracy"] = pooled[f"{target}_loss"] = None
-            continue
-        correct = sum(int(m[f"{target}_correct"]) for m in team_metrics)
-        loss = sum(float(m[f"{target}_loss_sum"]) for m in team_metrics)
-        pooled[f"{target}_accuracy"] = correct / n
-        pooled[f"{target}_loss"] = loss / n
-        per_device = [c / k for m in team_metrics for _, c, k in json.loads(str(m[f"{target}_devices"]))]
-        pooled[f"{target}_accuracy_min"] = min(per_device)
-        pooled[f"{target}_accuracy_median"] = statistics.median(per_device)
-        pooled[f"{target}_accuracy_max"] = max(per_device)
-    return pooled
 
 
 class GlobalStrategy(Strategy):
@@ -179,18 +171,25 @@ class GlobalStrategy(Strategy):
         return [(proxy, ins) for proxy in teams]
 
     def _count_team_report(self, metrics: Mapping[str, Scalar]) -> None:
-        for key in ("bytes_down_team", "bytes_up_team", "compute_seconds"):
-            self._round[key] += metrics.get(key, 0)
+        """Add a level-1 node's subtree counters (bytes per edge level, seconds) to the round's."""
+        for key, value in metrics.items():
+            if key in ("bytes_down_team", "bytes_up_team", "compute_seconds") or (
+                key.startswith(("bytes_down_level", "bytes_up_level", "failures_level")) and key[-1].isdigit()
+            ):
+                self._round[key] = self._round.get(key, 0) + value
 
     def aggregate_fit(self, server_round, results, failures):  # noqa: ANN001
         accepted, rejected = accept_results(results, self.current, "team_id", "global")
-        team_ids = [metrics.get("team_id") for _, _, metrics in accepted]
+        team_ids = [u.metrics.get("team_id") for u in accepted]
         if len(set(team_ids)) != len(team_ids):
             raise RuntimeError(f"global round {server_round}: duplicate team ids {sorted(team_ids)}; "
                                "two nodes serve the same team (check partition-id)")
         self._round["failures"] += len(failures) + rejected
+        self._round["failures_level1"] = self._round.get("failures_level1", 0) + len(failures) + rejected
         for _, res in results:
             self._round["bytes_up_global"] += nbytes(res.parameters.tensors)
+            if res.metrics.get("samples"):
+                self._round.setdefault("samples", []).append(str(res.metrics["samples"]))
             self._round["failures"] += int(res.metrics.get("device_failures", 0))
             self._count_team_report(res.metrics)
         if not accepted:
@@ -198,8 +197,8 @@ class GlobalStrategy(Strategy):
                 f"global round {server_round}: no team model to aggregate "
                 f"({len(failures)} failures, {rejected} rejected); stopping rather than keeping the old model"
             )
-        models = [m for m, _, _ in accepted]
-        weights = [n for _, n, _ in accepted]
+        models = [u.model for u in accepted]
+        weights = [u.num_examples for u in accepted]
         self.current = self.aggregate(self.current, models, weights)
         return ndarrays_to_parameters(self.current), {}
 

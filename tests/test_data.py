@@ -358,3 +358,106 @@ def test_per_feature_standardizer_is_fedprox_z_score():
     np.testing.assert_allclose(flat[:, 1:].std(0), sigma / (sigma + 0.001), rtol=1e-5)
     # a device's slice uses the pooled statistics, not its own
     np.testing.assert_allclose(per_feature_standardizer(images)(images[:5]), out[:5])
+
+
+# ---------------------------------------------------------------- trees and proxy data
+SMALL_SYNTH = {**SYNTH, "size_mean": 1.0, "size_sigma": 0.5, "min_samples": 20, "max_samples": 60}
+RANDOM_4X10 = {"formation": "random", "num_teams": 4, "devices_per_team": 10, "team_labels": None, "teams": None}
+TREE_2X2X10 = {"formation": "tree", "fanout": [2, 2, 10], "nodes": None}
+
+
+def rows(*tensors: torch.Tensor) -> list[bytes]:
+    """Every sample (row) of the tensors as bytes, to compare samples across tensors."""
+    return [row.numpy().tobytes() for t in tensors for row in t]
+
+
+def assert_same_devices(a, b) -> None:
+    assert len(a.devices) == len(b.devices)
+    for da, db in zip(a.devices, b.devices, strict=True):
+        assert da.device_id == db.device_id
+        for field in ("x_train", "y_train", "x_test", "y_test"):
+            assert torch.equal(getattr(da, field), getattr(db, field)), (da.device_id, field)
+
+
+@pytest.mark.parametrize("partition", ["natural", "classes"])
+def test_device_data_does_not_depend_on_the_tree_shape(partition):
+    dataset = {**SMALL_SYNTH, "partition": partition, "min_per_class": 2}
+    flat = build_federation(dataset, RANDOM_4X10, seed=3)
+    deep = build_federation(dataset, TREE_2X2X10, seed=3)
+    assert_same_devices(flat, deep)
+    assert deep.tree.depth == 3 and flat.tree.depth == 2
+    assert deep.teams == deep.tree.teams and flat.teams == flat.tree.teams
+    assert len(deep.teams) == 2 and [len(t) for t in deep.teams] == [20, 20]
+    # the lowest-level servers of [2, 2, 10] are the teams of random 4 x 10 (regrouped)
+    assert sorted(deep.tree.devices(p) for p in deep.tree.nodes_at(2)) == sorted(flat.teams)
+
+
+def test_federation_tree_for_three_tier_topologies():
+    fed = build_federation(SYNTH, RANDOM4, seed=0)
+    assert fed.tree.depth == 2 and fed.tree.teams == fed.teams and fed.tree.num_devices == 4
+    assert fed.proxy_x is None and fed.proxy_y is None
+
+
+def test_proxy_fraction_zero_changes_nothing():
+    for partition in ("natural", "iid"):
+        dataset = {**SMALL_SYNTH, "partition": partition}
+        before = build_federation(dataset, RANDOM4, seed=2)
+        zero = build_federation({**dataset, "proxy_fraction": 0.0}, RANDOM4, seed=2)
+        assert_same_devices(before, zero)
+        assert zero.proxy_x is None and zero.proxy_y is None
+
+
+def test_proxy_pool_is_sized_seeded_and_held_by_no_device():
+    base = build_federation(SMALL_SYNTH, RANDOM_4X10, seed=1)
+    pool_size = sum(len(d.y_train) + len(d.y_test) for d in base.devices)  # natural: the pool is all devices' data
+    fed = build_federation({**SMALL_SYNTH, "proxy_fraction": 0.1}, RANDOM_4X10, seed=1)
+    assert len(fed.proxy_y) == round(0.1 * pool_size) == len(fed.proxy_x)
+    assert fed.proxy_x.dtype == torch.float32 and fed.proxy_x.shape[1:] == (60,) and fed.proxy_y.dtype == torch.int64
+    proxy = rows(fed.proxy_x)
+    held = rows(*(t for d in fed.devices for t in (d.x_train, d.x_test)))
+    assert len(set(proxy)) == len(proxy) and not set(proxy) & set(held)  # disjoint from every device
+    everything = rows(*(t for d in base.devices for t in (d.x_train, d.x_test)))
+    assert sorted(proxy + held) == sorted(everything)  # nothing lost, nothing duplicated
+    for d_base, d in zip(base.devices, fed.devices, strict=True):  # a device keeps a subset of its samples
+        assert set(rows(d.x_train, d.x_test)) <= set(rows(d_base.x_train, d_base.x_test))
+        n = len(d.y_train) + len(d.y_test)
+        assert len(d.y_train) == round(0.75 * n)
+    again = build_federation({**SMALL_SYNTH, "proxy_fraction": 0.1}, TREE_2X2X10, seed=1)  # not the tree shape
+    assert torch.equal(again.proxy_x, fed.proxy_x) and torch.equal(again.proxy_y, fed.proxy_y)
+    assert_same_devices(again, fed)
+    other = build_federation({**SMALL_SYNTH, "proxy_fraction": 0.1}, RANDOM_4X10, seed=2)
+    assert not torch.equal(other.proxy_x[:5], fed.proxy_x[:5])
+
+
+def test_proxy_data_is_seeded_sized_and_split():
+    from hfl.data import proxy_data
+
+    fed = build_federation({**SMALL_SYNTH, "proxy_fraction": 0.2}, TREE_2X2X10, seed=0)
+    pool = set(rows(fed.proxy_x))
+    a = proxy_data(fed, "0.1", size=40, seed=0)
+    assert a.device_id == -1
+    assert (len(a.y_train), len(a.y_test)) == (30, 10)
+    assert a.x_train.shape == (30, 60) and a.x_train.is_contiguous() and a.x_test.is_contiguous()
+    samples = rows(a.x_train, a.x_test)
+    assert len(set(samples)) == 40 and set(samples) <= pool  # without replacement, from the pool
+    b = proxy_data(fed, "0.1", size=40, seed=0)
+    assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
+    assert set(rows(proxy_data(fed, "1", 40, seed=0).x_train)) != set(rows(a.x_train))  # per-server stream
+    assert set(rows(proxy_data(fed, "0.1", 40, seed=1).x_train)) != set(rows(a.x_train))  # seeded
+    root = proxy_data(fed, "", size=len(fed.proxy_y), seed=0, train_fraction=0.5)
+    assert sorted(rows(root.x_train, root.x_test)) == sorted(pool) and len(root.y_train) == round(0.5 * len(pool))
+    with pytest.raises(ValueError, match="pool"):
+        proxy_data(fed, "0", size=len(fed.proxy_y) + 1, seed=0)
+    with pytest.raises(KeyError, match="'0.5'"):
+        proxy_data(fed, "0.5", size=4, seed=0)
+    no_pool = build_federation(SMALL_SYNTH, TREE_2X2X10, seed=0)
+    with pytest.raises(ValueError, match="proxy_fraction"):
+        proxy_data(no_pool, "0", size=4, seed=0)
+
+
+@pytest.mark.parametrize(("fraction", "text"), [(1.0, "got 1.0"), (-0.1, "got -0.1"), ("0.1", "a number"),
+                                                (True, "a number"), (0.95, "device")])
+def test_bad_proxy_fraction_names_the_key(fraction, text):
+    with pytest.raises(ConfigError) as err:
+        build_federation({**SMALL_SYNTH, "proxy_fraction": fraction}, RANDOM_4X10, seed=0)
+    assert err.value.key == "dataset.proxy_fraction" and text in str(err.value), str(err.value)

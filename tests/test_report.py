@@ -16,11 +16,13 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def make_run(run_dir: Path, algorithm: str, dataset: str, model: str, seed: int | None,
-             pm: list[float] | None, gm: list[float] | None, hydra: bool = True, **config) -> Path:
+             pm: list[float] | None, gm: list[float] | None, hydra: bool = True,
+             extra: dict[str, list[float | None]] | None = None, **config) -> Path:
     """A run as hfl-simulate leaves it: metrics.jsonl, summary.json and .hydra/config.yaml.
 
     pm / gm: accuracy per evaluated round (None = the algorithm has no such model; the
-    PM keys are then written as null, the GM keys left out, to cover both forms)."""
+    PM keys are then written as null, the GM keys left out, to cover both forms).
+    extra: more metrics.jsonl keys (e.g. level2_accuracy), a value per round."""
     run_dir.mkdir(parents=True)
     rounds = len(pm or gm)
     lines = []
@@ -29,6 +31,7 @@ def make_run(run_dir: Path, algorithm: str, dataset: str, model: str, seed: int 
         line.update({"pm_accuracy": pm[i], "pm_loss": 1 - pm[i]} if pm else {"pm_accuracy": None, "pm_loss": None})
         if gm:
             line.update({"gm_accuracy": gm[i], "gm_loss": 2 - gm[i]})
+        line.update({key: values[i] for key, values in (extra or {}).items()})
         line.update({"seconds": 0.1, "failures": 0})
         lines.append(json.dumps(line))
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
@@ -141,6 +144,17 @@ def test_plots_are_png_files(produced):
                  "mnist_cnn_accuracy.png", "mnist_cnn_loss.png"):
         assert (out / name).read_bytes()[:8] == PNG_MAGIC, name
         assert f"]({name})" in markdown
+
+
+def test_runs_without_level_keys_keep_the_table_and_plots(produced):
+    _, markdown, _ = produced
+    assert "level" not in markdown
+    headers = [line for line in markdown.splitlines() if line.startswith("| algorithm")]
+    today = "| algorithm | PM best | PM final | GM best | GM final | paper PM | paper GM | seeds | rounds |"
+    assert headers == [today] * 2
+    groups = report.group_runs(report.collect_runs([produced[0].parent]))  # the tree the report came from
+    assert [lv.name for lv in report.group_levels(groups[("synthetic", "mclr")])] == ["PM", "GM"]
+    assert [lv.name for lv in report.group_levels(groups[("mnist", "cnn")])] == ["GM"]  # fedavg: PM keys null
 
 
 def test_curve_mean_min_max(tmp_path):
@@ -260,3 +274,98 @@ def test_paper_entry_matching_no_run_is_warned(tmp_path):
     warnings = report.check_paper(paper, groups)
     assert len(warnings) == 2
     assert "mnist/cnn/fedavgg" in warnings[0] and "'mnist/mclr'" in warnings[1]
+
+
+# ---------------------------------------------------------------- trees of any depth
+
+# synthetic/mclr at depth 4: permfl x 2 seeds with level1, level2 and GM proxy (level2
+# not evaluated at round 1); a 3-tier run beside it with team_* only (level1 = team).
+DEPTH4 = {0: {"level1_accuracy": [0.40, 0.72, 0.70], "level2_accuracy": [None, 0.61, 0.60],
+              "gm_proxy_accuracy": [0.2, 0.5, 0.55]},
+          1: {"level1_accuracy": [0.40, 0.75, 0.74], "level2_accuracy": [None, 0.65, 0.66],
+              "gm_proxy_accuracy": [0.2, 0.5, 0.57]}}
+
+
+def with_losses(accuracies: dict[str, list[float | None]]) -> dict[str, list[float | None]]:
+    extra = dict(accuracies)
+    for key, values in accuracies.items():
+        extra[key.replace("_accuracy", "_loss")] = [None if v is None else 1 - v for v in values]
+    return extra
+
+
+def make_depth4(root: Path) -> Path:
+    for seed, levels in DEPTH4.items():
+        pm, gm = PERMFL[seed]
+        make_run(root / "permfl" / str(seed), "permfl", "synthetic", "mclr", seed, pm, gm, extra=with_losses(levels))
+    make_run(root / "hierfavg" / "0", "hierfavg", "synthetic", "mclr", 0, None, FEDAVG,
+             extra=with_losses({"team_accuracy": [0.25, 0.5, 0.52]}))
+    return root
+
+
+def test_model_levels_choice():
+    def names(keys):
+        return [(level.name, level.label) for level in report.model_levels(keys)]
+
+    assert names(set()) == []
+    assert names({"round", "seconds", "gm_accuracy"}) == [("GM", "GM (global)")]
+    # 3-tier: team is level1, labelled so
+    assert names({"pm_accuracy", "team_loss", "gm_loss"}) == [
+        ("PM", "PM (personalized)"), ("level1", "level1 (team)"), ("GM", "GM (global)")]
+    # depth 4 and deeper: depths in numeric order, level1 keys win the label, GM proxy last
+    assert [name for name, _ in names({"gm_proxy_accuracy", "level10_loss", "level2_accuracy", "team_accuracy",
+                                       "level1_accuracy", "gm_accuracy", "pm_loss", "level0_accuracy"})] == [
+        "PM", "level1", "level2", "level10", "GM", "GM proxy"]
+    (level1,) = report.model_levels({"level1_accuracy", "team_accuracy"})
+    assert level1.label == "level1" and level1.depth == 1
+    assert level1.keys("loss") == ("level1_loss", "team_loss")  # team: the fallback of a 3-tier run
+
+
+def test_depth4_level_columns_mean_and_std(tmp_path):
+    make_depth4(tmp_path / "runs")
+    assert report.main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 0
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    header = next(line for line in markdown.splitlines() if line.startswith("| algorithm"))
+    assert header == ("| algorithm | PM best | PM final | GM best | GM final | level1 final | level2 final "
+                      "| seeds | rounds |")
+    rows = table_rows(markdown, "synthetic / mclr")
+    # level1 final 70, 74: mean 72, sample std sqrt(8) = 2.83; level2 final 60, 66: 63 +/- sqrt(18) = 4.24
+    assert rows["permfl"]["level1 final"] == f"72.00 ± {math.sqrt(8):.2f}" == "72.00 ± 2.83"
+    assert rows["permfl"]["level2 final"] == f"63.00 ± {math.sqrt(18):.2f}" == "63.00 ± 4.24"
+    assert rows["permfl"]["PM final"] == "79.00 ± 1.41"  # the other columns as before
+    # the 3-tier run: team as level1, no level2
+    assert rows["hierfavg"]["level1 final"] == "52.00"
+    assert rows["hierfavg"]["level2 final"] == "—"
+    for name in ("synthetic_mclr_accuracy.png", "synthetic_mclr_loss.png"):
+        assert (tmp_path / "out" / name).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_level_final_prefers_summary_then_last_line(tmp_path):
+    run_dir = make_run(tmp_path / "r", "hierfavg", "mnist", "cnn", 0, None, FEDAVG,
+                       extra={"team_accuracy": [0.1, 0.2, 0.3]})
+    (run,) = report.collect_runs([run_dir])
+    level1 = report.model_levels({"team_accuracy"})[0]
+    assert report.final_value(run, level1.keys("accuracy")) == 0.3  # summary has no team: last line
+    run.summary["final"]["team_accuracy"] = 0.35  # as hfl/recorder.py writes it
+    assert report.final_value(run, level1.keys("accuracy")) == 0.35
+    run.metrics[-1]["team_accuracy"] = None
+    del run.summary["final"]["team_accuracy"]
+    assert report.final_value(run, level1.keys("accuracy")) is None
+
+
+def test_levels_figure_has_an_axis_per_level(tmp_path):
+    rows = report.group_runs(report.collect_runs([make_depth4(tmp_path)]))[("synthetic", "mclr")]
+    levels = report.group_levels(rows)
+    assert [level.label for level in levels] == ["PM (personalized)", "level1", "level2", "GM (global)",
+                                                 "GM proxy (root's proxy set)"]
+    fig = report.levels_figure(rows, levels, "accuracy", 100.0, "test accuracy (%)", "title")
+    assert [ax.get_title() for ax in fig.axes] == [f"{level.label} accuracy" for level in levels]
+    level1_ax, level2_ax = fig.axes[1], fig.axes[2]
+    lines = {line.get_label(): line for line in level1_ax.lines}
+    assert set(lines) == {"permfl (n=2)", "hierfavg (n=1)"}
+    assert list(lines["hierfavg (n=1)"].get_ydata()) == pytest.approx([25, 50, 52])  # team_* as level1
+    assert list(lines["permfl (n=2)"].get_ydata()) == pytest.approx([40, 73.5, 72])
+    (permfl_level2,) = level2_ax.lines  # hierfavg has no level2; round 1 not evaluated (null)
+    assert list(permfl_level2.get_xdata()) == [2, 3]
+    assert list(permfl_level2.get_ydata()) == pytest.approx([63, 63])
+    pm_ax = fig.axes[0]  # hierfavg has no PM (null keys): no line, the others still plotted
+    assert [line.get_label() for line in pm_ax.lines] == ["permfl (n=2)"]

@@ -13,7 +13,7 @@ from clients.permfl import device_step
 from hfl.aggregate import mean_of, update_problem
 from hfl.models import CNN, DNN, MCLR, build_model, mclr_loss_and_grad
 from hfl.training import BatchSampler, LocalTrainer
-from strategies.base import pool_evaluations
+from hfl.evaluation import pool_evaluations
 from strategies.permfl import global_update, team_update
 
 

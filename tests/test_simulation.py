@@ -117,13 +117,13 @@ def test_device_state_survives_a_fresh_node(small_cfg, tmp_path):
     node = build_team_node(cfg, 0, tmp_path)
     node.fit(x, {})
     fresh = build_team_node(cfg, 0, tmp_path)
-    first = fresh.manager.all()["%06d" % fed.teams[0][0]].client.numpy_client.device  # type: ignore[attr-defined]
+    first = fresh.children.all()["%06d" % fed.teams[0][0]].client.numpy_client.device  # type: ignore[attr-defined]
     assert first.personal is not None and first.sampler.pos > 0
     direct_loss, direct_correct, n = first.trainer.evaluate(first.personal, first.x_test, first.y_test)
     _, _, metrics = fresh.evaluate(x, {})
     per_device = {d: (c, k) for d, c, k in json.loads(metrics["pm_devices"])}
     assert per_device[first.device_id] == (direct_correct, n)
-    assert metrics["team_n"] == metrics["gm_n"] == sum(len(fed.devices[d].y_test) for d in fed.teams[0])
+    assert metrics["level1_n"] == metrics["gm_n"] == sum(len(fed.devices[d].y_test) for d in fed.teams[0])
 
 
 def test_fedavg_and_hierfavg_run_on_the_tree(small_cfg, tmp_path):
@@ -133,32 +133,8 @@ def test_fedavg_and_hierfavg_run_on_the_tree(small_cfg, tmp_path):
         assert summary["final"]["gm_accuracy"] > 0.1
 
 
-def test_team_nodes_nest_as_children_of_a_team_node(small_cfg, tmp_path):
-    """A deeper tree is the same mechanism applied again: a region node whose children are
-    team nodes runs its strategy over them exactly as a team runs over devices."""
-    from hfl.inprocess import InProcessClientProxy, client_manager_of
-    from hfl.team import TeamClient
-    from strategies.permfl import build_team_strategy
-
-    cfg = small_cfg()
-    alg = cfg["algorithm"]
-    fed = federation_for(cfg)
-    x = initial_model(cfg, fed)
-    # Reference: the two teams trained directly from x, then one region round by hand.
-    direct = [build_team_node(cfg, t, tmp_path / "direct").fit(x, {})[0] for t in range(2)]
-    want = team_update(x, x, mean_of(direct), alg["eta"], alg["lam"], alg["gamma"])
-    teams = [InProcessClientProxy(f"{t:06d}", build_team_node(cfg, t, tmp_path / "nested").to_client()) for t in range(2)]
-    region = TeamClient(99, client_manager_of(teams), lambda parent: build_team_strategy(alg, parent), rounds=1,
-                        personalized=False, store=StateStore(tmp_path / "region"), num_examples=1)
-    got, _, metrics = region.fit(x, {})
-    for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-    raw = sum(a.nbytes for d in direct for a in d)
-    assert raw <= metrics["bytes_up_team"] <= raw + 1024 * len(x) * 2  # payload plus .npy headers
-
-
 def _kill_device(node, device_id: int) -> None:
-    proxy = node.manager.all()["%06d" % device_id]
+    proxy = node.children.all()["%06d" % device_id]
     numpy_client = proxy.client.numpy_client  # type: ignore[attr-defined]
 
     def dead(parameters, config):

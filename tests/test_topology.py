@@ -1,4 +1,4 @@
-"""Team formation: random, by_label, explicit, and their validation."""
+"""Team formation: random, by_label, explicit, tree, and their validation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import yaml
 
 from hfl.data import build_federation
 from hfl.errors import ConfigError
-from hfl.topology import form_teams, num_devices
+from hfl.topology import device_count_key, form_teams, form_tree, num_devices
 
 CONF = Path(__file__).parents[1] / "conf" / "topology"
 
@@ -103,9 +103,31 @@ def test_explicit_teams_and_validation():
 
 
 def test_shipped_topology_configs():
-    expected = {"random": 40, "by_label_worst": 20, "by_label_average": 20, "explicit": 10}
+    expected = {"random": 40, "by_label_worst": 20, "by_label_average": 20, "explicit": 10, "tree": 30}
     for name, n in expected.items():
         cfg = yaml.safe_load((CONF / f"{name}.yaml").read_text())
         assert num_devices(cfg) == n
         teams = form_teams(n, cfg, seed=0)
         assert sorted(d for t in teams for d in t) == list(range(n))
+        tree = form_tree(n, cfg, seed=0)
+        assert tree.teams == teams and tree.num_devices == n
+        assert tree.depth == (3 if name == "tree" else 2)
+
+
+def test_form_tree_keeps_three_tier_teams():
+    """Every 3-tier formation's tree is the depth-2 tree over exactly form_teams' teams."""
+    cfgs = [random_cfg(), random_cfg(3, None),
+            {"formation": "explicit", "teams": [[3, 0], [1, 2, 4]], "num_teams": None, "devices_per_team": None},
+            {"formation": "by_label", "num_teams": 2, "devices_per_team": 3, "team_labels": [[0, 1], [2, 3]]}]
+    for cfg in cfgs:
+        n = num_devices(cfg) if cfg.get("devices_per_team") or cfg["formation"] == "explicit" else 10
+        for seed in (0, 1):
+            tree = form_tree(n, cfg, seed)
+            assert tree.depth == 2 and tree.teams == form_teams(n, cfg, seed)
+            assert [tree.devices(p) for p in tree.nodes_at(1)] == form_teams(n, cfg, seed)
+
+
+def test_tree_device_count_key():
+    assert device_count_key({"formation": "tree", "fanout": [2, 5]}) == "topology.fanout"
+    assert device_count_key({"formation": "tree", "nodes": [[0], [1]]}) == "topology.nodes"
+    assert device_count_key(random_cfg()) == "topology.devices_per_team"

@@ -1,4 +1,6 @@
-"""build_federation: dataset + partition + team formation -> per-device tensors and teams."""
+"""build_federation: dataset + partition + tree formation -> per-device tensors, the tree and
+its teams, and the optional proxy pool (``dataset.proxy_fraction``); proxy_data: a server's
+proxy samples."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from hfl.data.partition import (
 )
 from hfl.config import check_number
 from hfl.errors import ConfigError
+from hfl.seed import derive_seed, rng
+from hfl.tree import Tree
 
 DATASETS = ("synthetic", *vision.SPECS)
 PARTITIONS = ("classes", "dirichlet", "iid", "natural")
@@ -41,7 +45,10 @@ class Federation:
     input_shape: tuple[int, ...]
     num_classes: int
     devices: list[DeviceData]  # devices[i].device_id == i
-    teams: list[list[int]]  # team index -> sorted device ids
+    teams: list[list[int]]  # team index -> sorted device ids (== tree.teams)
+    tree: Tree  # the whole hierarchy; teams are its level-1 nodes
+    proxy_x: torch.Tensor | None = None  # proxy pool (dataset.proxy_fraction > 0): float, like device data
+    proxy_y: torch.Tensor | None = None  # int64; None when dataset.proxy_fraction is 0
 
 
 # ---------------------------------------------------------------- config reading
@@ -148,7 +155,8 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
     if name not in DATASETS:
         raise ConfigError("dataset.name", f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
     num_devices = topology.num_devices(topology_cfg)
-    teams = topology.form_teams(num_devices, topology_cfg, seed)
+    tree = topology.form_tree(num_devices, topology_cfg, seed)
+    teams = tree.teams
     by_label = topology_cfg.get("formation") == "by_label"
 
     partition = _choice(dataset_cfg, "partition", "natural" if name == "synthetic" else "classes", PARTITIONS, "partition")
@@ -162,6 +170,7 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
     size_sigma = _float(dataset_cfg, "size_sigma", 2.0, 0.0)
     min_per_class = _int(dataset_cfg, "min_per_class", 10, 0)
     dirichlet_alpha = _float(dataset_cfg, "dirichlet_alpha", 0.5, 0.0, open_lo=True)
+    proxy_fraction = _float(dataset_cfg, "proxy_fraction", 0.0, 0.0, 1.0)
 
     if name == "synthetic":
         x, y, input_shape, num_classes, natural, to_float = _load_synthetic(dataset_cfg, num_devices, seed)
@@ -188,12 +197,28 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
     else:
         parts, too_small_key = partition_dirichlet(y, num_devices, dirichlet_alpha, seed), "dataset.dirichlet_alpha"
 
-    devices = []
     for d, idx in enumerate(parts):
         if len(idx) < 2:  # one train + one test sample at least
             raise ConfigError(
                 too_small_key, f"device {d} gets {len(idx)} samples ({name}, {partition} partition); it needs at least 2"
             )
+    proxy_x = proxy_y = None
+    if proxy_fraction > 0:
+        # A seeded IID slice of the pool that no device holds (taken out before the train/test split).
+        proxy = np.sort(rng(seed, "proxy").choice(len(y), size=int(round(proxy_fraction * len(y))), replace=False))
+        parts = [idx[~np.isin(idx, proxy)] for idx in parts]
+        for d, idx in enumerate(parts):
+            if len(idx) < 2:
+                raise ConfigError(
+                    "dataset.proxy_fraction",
+                    f"is {proxy_fraction}: device {d} is left with {len(idx)} samples after the proxy pool is "
+                    "taken out; it needs at least 2 (lower the fraction)",
+                )
+        proxy_x = torch.from_numpy(np.ascontiguousarray(to_float(x[proxy])))
+        proxy_y = torch.from_numpy(y[proxy])
+
+    devices = []
+    for d, idx in enumerate(parts):
         train, test = split_train_test(idx, train_fraction, seed, d)
         devices.append(
             DeviceData(
@@ -204,4 +229,30 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
                 y_test=torch.from_numpy(y[test]),
             )
         )
-    return Federation(name, tuple(input_shape), num_classes, devices, teams)
+    return Federation(name, tuple(input_shape), num_classes, devices, teams, tree, proxy_x, proxy_y)
+
+
+def proxy_data(fed: Federation, path: str, size: int, seed: int, train_fraction: float = 0.75) -> DeviceData:
+    """The proxy samples of the server at ``path`` (device_id -1): ``size`` samples drawn without
+    replacement from the federation's proxy pool with ``rng(seed, "proxy", path)`` (servers may
+    overlap), split into train/test like a device's data."""
+    fed.tree.children(path)  # KeyError for a path that is no server of the tree
+    pool = 0 if fed.proxy_y is None else len(fed.proxy_y)
+    if pool == 0:
+        raise ValueError("the federation has no proxy pool: set dataset.proxy_fraction > 0")
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 2 <= size <= pool:
+        raise ValueError(
+            f"proxy size for server {path!r} must be an integer in [2, {pool}] (the pool size), got {size!r}"
+        )
+    if not 0.0 < train_fraction < 1.0:
+        raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction!r}")
+    idx = rng(seed, "proxy", path).choice(pool, size=int(size), replace=False)
+    train, test = split_train_test(idx, train_fraction, derive_seed(seed, "proxy", path), -1)
+    train_t, test_t = torch.from_numpy(train), torch.from_numpy(test)
+    return DeviceData(
+        device_id=-1,
+        x_train=fed.proxy_x[train_t].contiguous(),
+        y_train=fed.proxy_y[train_t],
+        x_test=fed.proxy_x[test_t].contiguous(),
+        y_test=fed.proxy_y[test_t],
+    )

@@ -28,7 +28,7 @@ from flwr.server.strategy import Strategy
 
 from hfl.aggregate import nbytes
 from hfl.deploy.jobs import TeamJob, load_arrays, save_arrays, write_json
-from hfl.team import DeviceScore, target_report
+from hfl.evaluation import DeviceScore, target_report
 
 log = logging.getLogger("hfl")
 

@@ -55,8 +55,9 @@ def final_models(run_dir: Path) -> dict[str, list[np.ndarray]]:
     """``global``, ``team{t}`` (level-1 node models) and ``device{d}`` (personal models) of a
     finished run, read from its checkpoint and state store."""
     out = {"global": _arrays(run_dir / "checkpoints" / "global_model.npz", "arr_")}
-    for path in sorted((run_dir / "state").glob("team-*.npz")):
-        out[f"team{path.stem.split('-')[1]}"] = _arrays(path, "w_")
+    for path in sorted((run_dir / "state").glob("node-*.npz")):  # level-1 nodes: node-0, node-1, ...
+        if path.stem[len("node-"):].isdigit():
+            out[f"team{path.stem[len('node-'):]}"] = _arrays(path, "w_")
     for path in sorted((run_dir / "state").glob("device-*.npz")):
         out[f"device{path.stem.split('-')[1]}"] = _arrays(path, "personal_")
     return {name: arrays for name, arrays in out.items() if arrays}  # devices without a personal model

@@ -1,0 +1,196 @@
+"""An inner node of the tree: a client outside (a ``NumPyClient`` of its parent), a strategy
+inside (a Flower ``Strategy`` run over its sampled children), with persistent state.
+
+The same class serves every inner level: a lowest-level server's children are device
+clients, a higher node's children are ``NodeClient``s of the next level, each behind an
+in-process ``ClientProxy``. A node's state (its model and whatever its strategy keeps,
+e.g. node-optimiser moments) lives in the state store under ``node-<path>`` between calls.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.client import NumPyClient
+from flwr.common import NDArrays, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.strategy import Strategy
+
+from hfl.evaluation import DeviceScore, add_reports, evaluation_result, target_report
+from hfl.inprocess import evaluate_children, run_fit_rounds
+from hfl.payload import Payload, pack, unpack
+from hfl.sampling import sample_children
+from hfl.store import StateStore
+from hfl.tree import level_of
+
+# The config value devices read for each evaluation target (clients.base.DeviceClient).
+DEVICE_MODEL = {"gm": "global", "pm": "personal"}
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    path: str
+    rounds: int  # rounds over its children per call from the parent
+    sample_fraction: float  # of its children, per round
+    seed: int
+    lowest: bool  # its children are devices
+
+    @property
+    def level(self) -> int:
+        return level_of(self.path)
+
+    @property
+    def store_key(self) -> str:
+        return node_key(self.path)
+
+
+def node_key(path: str) -> str:
+    return f"node-{path or 'root'}"
+
+
+# make_strategy(parent payload, stored node state or None) -> the strategy for one call
+StrategyFactory = Callable[[Payload, dict[str, np.ndarray] | None], Strategy]
+
+
+def model_from_state(state: dict[str, np.ndarray] | None) -> NDArrays | None:
+    """The node model kept in a stored state (``w_0``, ``w_1``…)."""
+    if not state:
+        return None
+    names = sorted((k for k in state if k.startswith("w_") and k[2:].isdigit()), key=lambda k: int(k[2:]))
+    return [state[k] for k in names] or None
+
+
+def sample_records(spec: NodeSpec, round_path: str, report) -> list[dict]:  # noqa: ANN001
+    """Which children this node asked in each of its rounds (where it samples at all), then its
+    descendants' records: the run keeps them in samples.jsonl."""
+    own = []
+    if spec.sample_fraction < 1:
+        own = [{"node": spec.path, "round": f"{round_path}.{r}", "asked": asked}
+               for r, asked in enumerate(report.samples, start=1)]
+    return own + report.child_samples
+
+
+class NodeClient(NumPyClient):
+    """Receives the parent's payload, runs ``spec.rounds`` rounds of its strategy over a
+    seeded sample of its children, keeps its model and strategy state, returns its model
+    with the sample count behind it (so weighted means compose up the tree).
+
+    ``evaluate`` receives the models of the levels above (``gm``, ``level1``…), adds its own
+    (``level<d>``), and either asks its devices to test each of them and their own model
+    (PM), or forwards them to its child nodes; the counts it returns add up (hfl.evaluation).
+    """
+
+    def __init__(
+        self,
+        spec: NodeSpec,
+        children: SimpleClientManager,
+        make_strategy: StrategyFactory,
+        store: StateStore,
+        *,
+        personalized: bool,
+        global_model: bool = True,
+        persist: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.spec = spec
+        self.children = children
+        self.make_strategy = make_strategy
+        self.store = store
+        self.personalized = personalized
+        self.global_model = global_model
+        self.persist = persist
+
+    def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
+        return {"path": self.spec.path, "level": self.spec.level}
+
+    def own_model(self) -> NDArrays | None:
+        return model_from_state(self.store.load(self.spec.store_key))
+
+    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        start = time.perf_counter()
+        spec = self.spec
+        strategy = self.make_strategy(unpack(parameters, config), self.store.load(spec.store_key))
+        round_path = str(config.get("round_path", config.get("global_round", 0)))
+
+        def sample(server_round: int, children: list) -> list:
+            return sample_children(children, spec.sample_fraction, spec.seed, spec.path, f"{round_path}.{server_round}")
+
+        params, report = run_fit_rounds(strategy, self.children, spec.rounds, sample, round_path)
+        model = parameters_to_ndarrays(params)
+        state = {f"w_{i}": a for i, a in enumerate(model)}
+        if hasattr(strategy, "node_state"):  # e.g. node-optimiser moments (strategies.bhfl)
+            state.update(strategy.node_state())
+        self.store.save(spec.store_key, state)
+        self.persist()
+        level = spec.level
+        counters = dict(report.subtree)
+        for key, value in ((f"bytes_down_level{level}", report.bytes_down), (f"bytes_up_level{level}", report.bytes_up),
+                           (f"failures_level{level + 1}", report.failures)):
+            counters[key] = counters.get(key, 0) + value
+        below = int(counters.get("device_failures", 0)) + report.failures
+        metrics: dict[str, Scalar] = {
+            **counters,
+            "node": spec.path,
+            "team_id": int(spec.path.split(".")[0]) if spec.path else -1,
+            "compute_seconds": time.perf_counter() - start,
+            "device_failures": below,
+            "rejected": int(counters.get("rejected", 0)) + sum(int(m.get("rejected", 0)) for m in report.metrics),
+            "samples": json.dumps(sample_records(spec, round_path, report)),
+        }
+        if level == 1:  # the names 3-tier runs have always reported
+            metrics["bytes_down_team"] = sum(v for k, v in counters.items() if k.startswith("bytes_down_level"))
+            metrics["bytes_up_team"] = sum(v for k, v in counters.items() if k.startswith("bytes_up_level"))
+        return model, report.num_examples, metrics
+
+    def evaluate(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[float, int, dict[str, Scalar]]:
+        start = time.perf_counter()
+        received = unpack(parameters, config)
+        models = {"gm": received.main} if received.kind == "model" else dict(received.parts)
+        if not self.global_model:
+            models.pop("gm", None)
+        own = self.own_model()
+        if own is not None:
+            models[f"level{self.spec.level}"] = own
+        metrics: dict[str, Scalar] = {"node": self.spec.path, f"bytes_down_level{self.spec.level}": 0}
+        if self.spec.lowest:
+            reports = [self._evaluate_devices(models, metrics)]
+        else:
+            reports = self._evaluate_nodes(models, metrics)
+        metrics.update(add_reports(reports))
+        metrics["team_id"] = int(self.spec.path.split(".")[0]) if self.spec.path else -1
+        metrics["compute_seconds"] = time.perf_counter() - start
+        if self.spec.level == 1:
+            metrics["bytes_down_team"] = sum(v for k, v in metrics.items() if k.startswith("bytes_down_level"))
+        return evaluation_result(metrics, self.global_model)
+
+    def _evaluate_devices(self, models: dict[str, NDArrays], metrics: dict[str, Scalar]) -> dict[str, Scalar]:
+        """Each target model on every device's test split; the devices' own models for PM."""
+        targets = dict(models)
+        if self.personalized:
+            targets["pm"] = []  # devices test their own model; nothing is sent
+        report: dict[str, Scalar] = {}
+        for target, arrays in targets.items():
+            sent = ndarrays_to_parameters(arrays)
+            replies, moved = evaluate_children(self.children, sent, {"model": DEVICE_MODEL.get(target, "team")})
+            metrics[f"bytes_down_level{self.spec.level}"] += moved
+            rows = [DeviceScore(int(r.metrics["device_id"]), int(r.metrics["correct"]), r.num_examples, r.loss)
+                    for _, r in replies]
+            report.update(target_report(target, rows))
+        return report
+
+    def _evaluate_nodes(self, models: dict[str, NDArrays], metrics: dict[str, Scalar]) -> list[dict[str, Scalar]]:
+        """The models forwarded to every child node (evaluation asks the whole subtree)."""
+        arrays, meta = pack("parts", models)
+        sent = ndarrays_to_parameters(arrays)
+        replies, moved = evaluate_children(self.children, sent, meta)
+        metrics[f"bytes_down_level{self.spec.level}"] += moved
+        out = []
+        for _, res in replies:
+            for key, value in res.metrics.items():
+                if key.startswith("bytes_down_level"):
+                    metrics[key] = metrics.get(key, 0) + value
+            out.append(res.metrics)
+        return out
