@@ -22,6 +22,7 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.strategy import Strategy
 
 from hfl.config import load_module, validate
+from hfl.errors import ConfigError
 from hfl.deploy.wiring import deployed_client, team_server_components, tier_of
 from hfl.node import build_team_node, federation_for, initial_model
 from hfl.recorder import Recorder
@@ -32,18 +33,23 @@ log = logging.getLogger("hfl")
 
 def build_global_strategy(cfg: Mapping, run_dir: str | Path) -> Strategy:
     fed = federation_for(cfg)
+    if cfg["runtime"]["name"] == "deployment" and fed.tree.depth != 2:
+        raise ConfigError("topology", f"deployment runs three tiers (root, team hosts, devices); this tree has depth "
+                                      f"{fed.tree.depth} (deeper deployments are not built yet)")
     alg = cfg["algorithm"]
     meta = {"algorithm": alg["name"], "dataset": cfg["dataset"]["name"], "model": cfg["model"]["name"]}
     recorder = Recorder(run_dir, meta, int(cfg["global_rounds"]))
-    return load_module(alg, "strategy").build_global_strategy(
-        alg,
-        initial_model(cfg, fed),
+    module = load_module(alg, "strategy")
+    common = dict(
         num_teams=len(fed.teams),
         num_rounds=int(cfg["global_rounds"]),
         eval_every=int(cfg["eval_every"]),
         recorder=recorder,
         team_wait_seconds=float(cfg["runtime"].get("team_wait_seconds", 60)),
     )
+    if hasattr(module, "build_root_strategy"):  # a root that needs the whole config (state store, proxy data)
+        return module.build_root_strategy(cfg, initial_model(cfg, fed), **common)
+    return module.build_global_strategy(alg, initial_model(cfg, fed), **common)
 
 
 def team_client(cfg: Mapping, context: Context) -> Client:

@@ -54,6 +54,30 @@ def load_module(alg: Mapping, role: str) -> ModuleType:
         raise ConfigError(f"algorithm.{role}", f"cannot import {name!r}: {exc}") from exc
 
 
+def _check_levels(alg: Mapping) -> None:
+    """Per-level settings: ``level_rounds`` (null or a list of ints >= 1, levels 1..D-1) and
+    ``sample_fraction`` (a number in (0, 1] or such a list, root first). Their lengths are
+    checked against the tree once it is built (hfl.node.check_tree)."""
+    for key in ("any_depth", "persistent_devices"):
+        if key in alg and not isinstance(alg[key], bool):
+            raise ConfigError(f"algorithm.{key}", f"must be true or false, got {alg[key]!r}")
+    rounds = alg.get("level_rounds")
+    if rounds is not None:
+        if not isinstance(rounds, list | tuple) or not rounds:
+            raise ConfigError("algorithm.level_rounds", f"must be null or a non-empty list of rounds per level, got {rounds!r}")
+        for i, value in enumerate(rounds):
+            check_number(f"algorithm.level_rounds[{i}]", value, integer=True, minimum=1)
+    fraction = alg.get("sample_fraction", 1.0)
+    values = fraction if isinstance(fraction, list | tuple) else [fraction]
+    if not values:
+        raise ConfigError("algorithm.sample_fraction", "must be a number or a non-empty list")
+    for i, value in enumerate(values):
+        key = f"algorithm.sample_fraction[{i}]" if isinstance(fraction, list | tuple) else "algorithm.sample_fraction"
+        check_number(key, value, minimum=0, maximum=1, open_min=True)
+        if not math.isfinite(value):
+            raise ConfigError(key, f"must be finite, got {value}")
+
+
 def validate(cfg: Mapping) -> None:
     """Raise ConfigError naming the first invalid key. Data and topology keys are checked by
     ``hfl.data.build_federation`` when the federation is built (also before training)."""
@@ -76,16 +100,23 @@ def validate(cfg: Mapping) -> None:
         raise ConfigError("algorithm.weighted", f"must be true or false, got {alg.get('weighted')!r}")
     for role in ("strategy", "client"):
         module = load_module(alg, role)
-        needed = ("make_client",) if role == "client" else ("build_team_strategy", "build_global_strategy")
-        missing = [fn for fn in needed if not hasattr(module, fn)]
+        # A strategy module builds nodes from the parent model alone (build_team_strategy) or from
+        # the node's whole context (build_node_strategy), and a root likewise.
+        needed = (("make_client",),) if role == "client" else (("build_team_strategy", "build_node_strategy"),
+                                                               ("build_global_strategy", "build_root_strategy"))
+        missing = [" or ".join(fns) for fns in needed if not any(hasattr(module, fn) for fn in fns)]
         if missing:
             raise ConfigError(f"algorithm.{role}", f"module {module.__name__} lacks {', '.join(missing)}")
         # An algorithm checks its own hyper-parameters (raising ConfigError) before training.
         if hasattr(module, "check_config"):
             module.check_config(alg)
+    _check_levels(alg)
     if not isinstance(alg.get("global_model", True), bool):
         raise ConfigError("algorithm.global_model", f"must be true or false, got {alg.get('global_model')!r}")
     runtime = cfg.get("runtime", {})
     if runtime.get("name") not in RUNTIMES:
         raise ConfigError("runtime.name", f"unknown runtime {runtime.get('name')!r}; known: {', '.join(RUNTIMES)}")
+    if runtime.get("name") == "deployment" and not hasattr(load_module(alg, "strategy"), "build_team_strategy"):
+        raise ConfigError("algorithm.name", f"{alg.get('name')!r} keeps node state across calls, which the "
+                                            "deployment's team runs do not carry yet; run it in simulation")
     _number(cfg, "runtime.torch_threads", minimum=1, integer=True)

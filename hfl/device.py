@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ class DeviceRuntime:
     trainer: LocalTrainer
     sampler: BatchSampler
     personal: Params | None = None  # the model the device keeps (PerMFL's theta)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)  # other kept state, e.g. node-optimiser moments
 
     @property
     def key(self) -> str:
@@ -33,10 +34,12 @@ class DeviceRuntime:
         self.sampler.restore({k[len("sampler_"):]: v for k, v in state.items() if k.startswith("sampler_")})
         count = int(state["num_personal"])
         self.personal = [torch.from_numpy(state[f"personal_{i}"]) for i in range(count)] if count else None
+        self.extra = {k[len("extra_"):]: v for k, v in state.items() if k.startswith("extra_")}
 
     def save(self, store: StateStore) -> None:
         arrays = {f"sampler_{k}": v for k, v in self.sampler.state().items()}
         personal = self.personal or []
         arrays["num_personal"] = np.array(len(personal))
         arrays.update({f"personal_{i}": p.numpy() for i, p in enumerate(personal)})
+        arrays.update({f"extra_{k}": v for k, v in self.extra.items()})
         store.save(self.key, arrays)

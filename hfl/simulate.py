@@ -17,7 +17,7 @@ from hfl.apps import CONF_DIR, build_global_strategy, make_client_app, make_serv
 from hfl.config import validate
 from hfl.errors import ConfigError, DatasetNotFoundError
 from hfl.inprocess import InProcessClientProxy, client_manager_of
-from hfl.node import build_team_node, federation_for, initial_model
+from hfl.node import build_team_node, check_tree, federation_for, initial_model
 
 log = logging.getLogger("hfl")
 
@@ -67,10 +67,11 @@ def run(cfg: Mapping, run_dir: str | Path) -> dict:
         raise ConfigError("runtime.name", "deployment runs are submitted to a running global SuperLink "
                           "with `hfl-deploy submit` (see README, Deployment), not started by hfl-simulate")
     fed = federation_for(cfg)
+    check_tree(cfg, fed.tree)
     initial_model(cfg, fed)  # the model must fit the data before any process starts
     cfg["runtime"]["state_dir"] = str(run_dir / "state")
-    log.info("hfl: %s on %s/%s, %d teams, %d devices -> %s", cfg["algorithm"]["name"], cfg["dataset"]["name"],
-             cfg["model"]["name"], len(fed.teams), len(fed.devices), run_dir)
+    log.info("hfl: %s on %s/%s, a tree of depth %d with %d level-1 nodes and %d devices -> %s", cfg["algorithm"]["name"],
+             cfg["dataset"]["name"], cfg["model"]["name"], fed.tree.depth, len(fed.teams), len(fed.devices), run_dir)
     (run_dir / "state").mkdir(parents=True, exist_ok=True)
     (run_inprocess if cfg["runtime"]["name"] == "inprocess" else run_simulation)(cfg, run_dir)
     summary_path = run_dir / "summary.json"

@@ -143,6 +143,10 @@ class NodeClient(NumPyClient):
         if level == 1:  # the names 3-tier runs have always reported
             metrics["bytes_down_team"] = sum(v for k, v in counters.items() if k.startswith("bytes_down_level"))
             metrics["bytes_up_team"] = sum(v for k, v in counters.items() if k.startswith("bytes_up_level"))
+        extra = strategy.reply_parts() if hasattr(strategy, "reply_parts") else {}
+        if extra:  # e.g. residual updates for the grandparent (strategies.bhfl)
+            arrays, meta = pack("parts", {"model": model, **extra})
+            return arrays, report.num_examples, {**metrics, **meta}
         return model, report.num_examples, metrics
 
     def evaluate(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[float, int, dict[str, Scalar]]:

@@ -103,6 +103,7 @@ class TeamStrategy(Strategy):
         if len(accepted) < needed:
             log.error("team round %d: %d usable updates, %d needed", server_round, len(accepted), needed)
             return None, stats
+        self.last_accepted = accepted  # for rules that read more than the models (e.g. residual parts)
         models = [u.model for u in accepted]
         weights = [u.num_examples for u in accepted]
         return ndarrays_to_parameters(self.aggregate(self.current, models, weights)), stats
@@ -197,6 +198,7 @@ class GlobalStrategy(Strategy):
                 f"global round {server_round}: no team model to aggregate "
                 f"({len(failures)} failures, {rejected} rejected); stopping rather than keeping the old model"
             )
+        self.last_accepted = accepted
         models = [u.model for u in accepted]
         weights = [u.num_examples for u in accepted]
         self.current = self.aggregate(self.current, models, weights)
@@ -225,9 +227,14 @@ class GlobalStrategy(Strategy):
         for report in reports:
             self._count_team_report(report)
         pooled = pool_evaluations(reports)
+        pooled.update(self.root_evaluation())
         self._finish(server_round, pooled)
         loss = pooled["gm_loss"] if pooled.get("gm_loss") is not None else pooled.get("pm_loss")
         return loss, {k: v for k, v in pooled.items() if v is not None}
+
+    def root_evaluation(self) -> dict[str, float]:
+        """Metrics the root computes itself (e.g. on its own proxy test data); none by default."""
+        return {}
 
     def _finish(self, server_round: int, evaluation: dict | None) -> None:
         seconds = time.perf_counter() - self._round.pop("start")

@@ -1,0 +1,291 @@
+"""B-HFL (seeds/002, Algorithm 1): every node keeps a model and merges in both directions
+with node optimisers (hfl.nodeopt), on a tree of any depth.
+
+One call of a node q at level d (EXECUTENODE):
+1. theta_0 <- NODEOPT-down(W_q, parent's model)  [then each residual ancestor's model];
+2. for t = 1..T_q: train theta on proxy data (if any), send it to a sample of the children,
+   theta <- NODEOPT-up(theta, weighted mean of the children's models) [then the residual
+   updates that grandchildren sent up];
+3. W_q <- theta, kept with the optimiser states in the state store (node-<path>).
+The root does the same with T_0 = global_rounds, its state kept under node-root.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from flwr.common import FitIns, NDArrays, Parameters, ndarrays_to_parameters
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+
+from hfl import nodeopt
+from hfl.aggregate import mean_of
+from hfl.config import check_number
+from hfl.errors import ConfigError
+from hfl.payload import pack
+from hfl.tree_node import model_from_state
+from strategies.base import GlobalStrategy, TeamStrategy, Update
+
+DIRECTIONS = ("up", "down")
+RES_DOWN = "res_down"  # part names "res_down<level>": the model of the ancestor at that level
+RES_UP = "res_up"  # part names "res_up<i>": a grandchild's update forwarded to its grandparent
+
+
+# ---------------------------------------------------------------- rules (pure)
+def spec_for(alg: Mapping[str, Any], level: int, direction: str) -> dict:
+    """The checked optimiser spec of ``direction`` at ``level``: ``algorithm.<direction>`` with
+    ``algorithm.levels.<level>.<direction>`` merged over it."""
+    levels = alg.get("levels") or {}
+    override = levels.get(str(level), levels.get(level)) or {}
+    merged = {**alg[direction], **(override.get(direction) or {})}
+    key = f"algorithm.levels.{level}.{direction}" if override.get(direction) else f"algorithm.{direction}"
+    return nodeopt.check_spec(key, merged)
+
+
+def sub_state(state: Mapping[str, np.ndarray] | None, prefix: str) -> dict[str, np.ndarray]:
+    """The entries ``<prefix>.<name>`` of a stored state, as ``<name>``."""
+    head = f"{prefix}."
+    return {k[len(head):]: v for k, v in (state or {}).items() if k.startswith(head)}
+
+
+def with_prefix(state: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    return {f"{prefix}.{k}": v for k, v in state.items()}
+
+
+def merge(spec: Mapping, model: NDArrays, target: NDArrays, state: Mapping[str, np.ndarray] | None
+          ) -> tuple[NDArrays, dict[str, np.ndarray]]:
+    """One node-optimiser merge of ``target`` into ``model`` (fresh state when there is none)."""
+    return nodeopt.apply(spec, model, target, state or nodeopt.init_state(model))
+
+
+def merge_down(alg: Mapping, level: int, kept: NDArrays | None, received: Mapping[str, NDArrays],
+               state: Mapping[str, np.ndarray] | None) -> tuple[NDArrays, dict[str, np.ndarray]]:
+    """theta_0 of a node (or device) at ``level``: its kept model merged with the parent's
+    (``received["model"]``) by the level's ``down`` optimiser, then with each residual
+    ancestor's model by ``residual_down_opt``. A node without a kept model starts from the
+    parent's. Returns theta_0 and the new ``down``/``res_down*`` states."""
+    parent = received["model"]
+    if kept is None:
+        theta, new_state = [np.array(a, copy=True) for a in parent], {}
+    else:
+        theta, down = merge(spec_for(alg, level, "down"), kept, parent, sub_state(state, "down"))
+        new_state = with_prefix(down, "down")
+    residual_spec = nodeopt.check_spec("algorithm.residual_down_opt", alg["residual_down_opt"])
+    for name in sorted(n for n in received if n.startswith(RES_DOWN)):
+        theta, edge = merge(residual_spec, theta, received[name], sub_state(state, name))
+        new_state.update(with_prefix(edge, name))
+    return theta, new_state
+
+
+def largest_updates(current: NDArrays, models: Sequence[NDArrays], k: int) -> list[int]:
+    """Indices of the ``k`` models farthest (L2 over all tensors) from ``current``, largest
+    first; ties keep the given order."""
+    norms = [float(np.sqrt(sum(float(np.sum((np.asarray(m) - c) ** 2)) for m, c in zip(model, current, strict=True))))
+             for model in models]
+    return sorted(range(len(models)), key=lambda i: -norms[i])[:k]
+
+
+def merge_up(alg: Mapping, level: int, current: NDArrays, models: list[NDArrays], weights: list[int],
+             residuals: list[NDArrays], state: Mapping[str, np.ndarray] | None
+             ) -> tuple[NDArrays, dict[str, np.ndarray]]:
+    """theta <- NODEOPT-up(theta, mean of the children) then, with residual updates from
+    grandchildren, theta <- residual_up_opt(theta, their mean). Returns theta and the states."""
+    target = mean_of(models, weights if alg["weighted"] else None)
+    theta, up = merge(spec_for(alg, level, "up"), current, target, sub_state(state, "up"))
+    new_state = with_prefix(up, "up")
+    if residuals:
+        spec = nodeopt.check_spec("algorithm.residual_up_opt", alg["residual_up_opt"])
+        theta, res = merge(spec, theta, mean_of(residuals), sub_state(state, RES_UP))
+        new_state.update(with_prefix(res, RES_UP))
+    elif state:
+        new_state.update(with_prefix(sub_state(state, RES_UP), RES_UP))
+    return theta, new_state
+
+
+def residual_parts(updates: Sequence[Update]) -> list[NDArrays]:
+    """The residual updates the children forwarded (parts named ``res_up<i>``)."""
+    return [arrays for u in updates for name, arrays in sorted(u.parts.items()) if name.startswith(RES_UP)]
+
+
+# ---------------------------------------------------------------- checks
+def check_config(alg: Mapping[str, Any]) -> None:
+    for direction in DIRECTIONS:
+        nodeopt.check_spec(f"algorithm.{direction}", alg[direction])
+    nodeopt.check_spec("algorithm.residual_down_opt", alg["residual_down_opt"])
+    nodeopt.check_spec("algorithm.residual_up_opt", alg["residual_up_opt"])
+    levels = alg.get("levels") or {}
+    if not isinstance(levels, Mapping):
+        raise ConfigError("algorithm.levels", f"must be a mapping level -> {{up, down}}, got {levels!r}")
+    for level, override in levels.items():
+        if not str(level).isdigit():
+            raise ConfigError("algorithm.levels", f"keys are tree levels (0 = root), got {level!r}")
+        if not isinstance(override, Mapping) or set(override) - set(DIRECTIONS):
+            raise ConfigError(f"algorithm.levels.{level}", f"may set only up and down, got {override!r}")
+        for direction in override:
+            spec_for(alg, int(level), direction)
+    if not isinstance(alg.get("residual_down"), bool):
+        raise ConfigError("algorithm.residual_down", f"must be true or false, got {alg.get('residual_down')!r}")
+    check_number("algorithm.residual_up_k", alg.get("residual_up_k"), integer=True, minimum=0)
+    samples = alg.get("proxy_samples")
+    if samples is not None:
+        if not isinstance(samples, list | tuple) or not samples:
+            raise ConfigError("algorithm.proxy_samples", f"must be null or a list of sizes per level, got {samples!r}")
+        for i, n in enumerate(samples):
+            check_number(f"algorithm.proxy_samples[{i}]", n, integer=True, minimum=0)
+        check_number("algorithm.proxy_steps", alg.get("proxy_steps"), integer=True, minimum=1)
+        check_number("algorithm.proxy_lr", alg.get("proxy_lr"), minimum=0, open_min=True)
+
+
+# ---------------------------------------------------------------- Flower wiring
+def device_config(alg: Mapping[str, Any], depth: int) -> dict:
+    """What the lowest servers send their devices besides the model."""
+    return {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "persistent": alg["persistent_devices"],
+            "down": json.dumps(spec_for(alg, depth, "down")),
+            "residual_down": json.dumps(nodeopt.check_spec("algorithm.residual_down_opt", alg["residual_down_opt"]))}
+
+
+class BHFLNodeStrategy(TeamStrategy):
+    """An inner node's rounds: merge down once, then T_q rounds of (proxy training, broadcast,
+    merge up). ``node_state`` is what the node keeps for its next call."""
+
+    def __init__(self, alg: Mapping[str, Any], ctx) -> None:  # noqa: ANN001 - hfl.node.NodeContext
+        self.alg, self.level, self.depth = alg, ctx.level, ctx.depth
+        received = ctx.payload.parts
+        self.state: dict[str, np.ndarray] = {}
+        theta, self.state = merge_down(alg, self.level, model_from_state(ctx.state), received, ctx.state)
+        self.up_state = {k: v for k, v in (ctx.state or {}).items() if k.startswith(("up.", RES_UP))}
+        # The models of the ancestors this node passes on as residual edges (its parent's included).
+        self.forward: dict[str, NDArrays] = {}
+        if alg["residual_down"]:
+            self.forward = {n: a for n, a in received.items() if n.startswith(RES_DOWN)}
+            if self.level >= 1:
+                self.forward[f"{RES_DOWN}{self.level - 1}"] = received["model"]
+        self.proxy = ProxyTrainer.maybe(ctx, ctx.state)
+        config = device_config(alg, self.depth) if self.level == self.depth - 1 else {}
+        super().__init__(theta, config, min_fit_fraction=alg.get("min_fit_fraction", 1.0))
+        self.residuals_out: list[NDArrays] = []
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager
+                      ) -> list[tuple[ClientProxy, FitIns]]:
+        if self.proxy is not None:
+            parameters = ndarrays_to_parameters(self.proxy.train(parameters))
+        instructions = super().configure_fit(server_round, parameters, client_manager)
+        if not self.forward:
+            return instructions
+        arrays, meta = pack("parts", {"model": self.current, **self.forward})
+        packed = ndarrays_to_parameters(arrays)
+        return [(proxy, FitIns(packed, {**ins.config, **meta})) for proxy, ins in instructions]
+
+    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
+        k = int(self.alg["residual_up_k"])
+        if k and self.level >= 1:  # forwarded to the parent with this node's reply
+            self.residuals_out = [models[i] for i in largest_updates(current, models, k)]
+        theta, self.up_state = merge_up(self.alg, self.level, current, models, weights,
+                                        residual_parts(self.last_accepted), self.up_state)
+        return theta
+
+    def node_state(self) -> dict[str, np.ndarray]:
+        proxy = self.proxy.state() if self.proxy is not None else {}
+        return {**self.state, **self.up_state, **proxy}
+
+    def reply_parts(self) -> dict[str, NDArrays]:
+        """Parts sent up beside the node's model: the residual updates for the grandparent."""
+        return {f"{RES_UP}{i}": m for i, m in enumerate(self.residuals_out)}
+
+
+class ProxyTrainer:
+    """A server's minibatch SGD on its slice of the proxy pool (Algorithm 1, step 2a)."""
+
+    def __init__(self, cfg: Mapping, path: str, size: int, fed, state) -> None:  # noqa: ANN001
+        from hfl.data import proxy_data
+        from hfl.models import build_model
+        from hfl.seed import derive_seed
+        from hfl.training import BatchSampler, LocalTrainer
+
+        alg = cfg["algorithm"]
+        self.data = proxy_data(fed, path, size, int(cfg["seed"]))
+        self.trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, fed.num_classes))
+        self.sampler = BatchSampler(len(self.data.y_train), int(cfg["dataset"]["batch_size"]),
+                                    derive_seed(cfg["seed"], "proxy-batches", path or "root"))
+        saved = sub_state(state, "proxy_sampler")
+        if saved:
+            self.sampler.restore(saved)
+        self.steps, self.lr = int(alg["proxy_steps"]), float(alg["proxy_lr"])
+
+    @classmethod
+    def maybe(cls, ctx, state) -> ProxyTrainer | None:  # noqa: ANN001
+        sizes = ctx.cfg["algorithm"].get("proxy_samples")
+        if not sizes or ctx.level >= len(sizes) or not sizes[ctx.level]:
+            return None
+        return cls(ctx.cfg, ctx.path, int(sizes[ctx.level]), ctx.fed, state)
+
+    def train(self, parameters: Parameters | NDArrays) -> NDArrays:
+        from flwr.common import parameters_to_ndarrays
+
+        from clients.fedavg import sgd_step
+        from hfl.training import run_local_steps, to_ndarrays, to_tensors
+
+        arrays = parameters_to_ndarrays(parameters) if isinstance(parameters, Parameters) else parameters
+        params, _ = run_local_steps(self.trainer, to_tensors(arrays), self.data.x_train, self.data.y_train,
+                                    self.sampler, self.steps, lambda p, g: sgd_step(p, g, self.lr))
+        return to_ndarrays(params)
+
+    def evaluate(self, arrays: NDArrays) -> tuple[float, float]:
+        from hfl.training import to_tensors
+
+        loss_sum, correct, n = self.trainer.evaluate(to_tensors(arrays), self.data.x_test, self.data.y_test)
+        return correct / n, loss_sum / n
+
+    def state(self) -> dict[str, np.ndarray]:
+        return with_prefix(self.sampler.state(), "proxy_sampler")
+
+
+class BHFLRootStrategy(GlobalStrategy):
+    """The root: T_0 = global_rounds rounds of (proxy training, broadcast, merge up); its model
+    and optimiser states are written to the state store (node-root) after every round."""
+
+    def __init__(self, cfg: Mapping[str, Any], initial: NDArrays, **common: Any) -> None:
+        from hfl.node import NodeContext, federation_for
+        from hfl.payload import Payload
+        from hfl.store import StateStore
+        from hfl.tree_node import node_key
+
+        self.alg = cfg["algorithm"]
+        self.store = StateStore(cfg["runtime"]["state_dir"])
+        self.key = node_key("")
+        stored = self.store.load(self.key)
+        fed = federation_for(cfg)
+        start = model_from_state(stored) or initial
+        super().__init__(start, **common)
+        self.up_state = {k: v for k, v in (stored or {}).items() if k.startswith(("up.", RES_UP))}
+        ctx = NodeContext(cfg, "", fed.tree.depth, Payload("model", {"model": start}), stored, fed)
+        self.proxy = ProxyTrainer.maybe(ctx, stored)
+
+    def configure_fit(self, server_round, parameters, client_manager):  # noqa: ANN001
+        if self.proxy is not None:
+            parameters = ndarrays_to_parameters(self.proxy.train(parameters))
+        return super().configure_fit(server_round, parameters, client_manager)
+
+    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
+        theta, self.up_state = merge_up(self.alg, 0, current, models, weights,
+                                        residual_parts(self.last_accepted), self.up_state)
+        proxy = self.proxy.state() if self.proxy is not None else {}
+        self.store.save(self.key, {**{f"w_{i}": a for i, a in enumerate(theta)}, **self.up_state, **proxy})
+        return theta
+
+    def root_evaluation(self) -> dict[str, float]:
+        if self.proxy is None:
+            return {}
+        accuracy, loss = self.proxy.evaluate(self.current)
+        return {"gm_proxy_accuracy": accuracy, "gm_proxy_loss": loss}
+
+
+def build_node_strategy(alg: Mapping[str, Any], ctx) -> BHFLNodeStrategy:  # noqa: ANN001
+    return BHFLNodeStrategy(alg, ctx)
+
+
+def build_root_strategy(cfg: Mapping[str, Any], initial: NDArrays, **common: Any) -> BHFLRootStrategy:
+    return BHFLRootStrategy(cfg, initial, **common)
