@@ -31,6 +31,10 @@ class DeviceClient(NumPyClient):
         dev = self.device
         if config.get("model") == "personal":
             if dev.personal is None:
+                if config.get("fallback") and len(parameters):
+                    # Never sampled yet (partial participation): it holds no model of its own, and
+                    # its first call would start from its server's model, which is what it was sent.
+                    return to_tensors(parameters)
                 raise RuntimeError(f"device {dev.device_id} has no personalized model yet")
             return dev.personal
         return to_tensors(parameters)

@@ -87,6 +87,9 @@ def check_tree(cfg: Mapping, tree: Tree) -> None:
             raise ConfigError(f"algorithm.{key}", f"has {len(value)} entries; this tree of depth {tree.depth} "
                                                   f"needs {length} ({'levels 1..' if key == 'level_rounds' else 'levels 0..'}"
                                                   f"{tree.depth - 1})")
+    module = load_module(alg, "strategy")
+    if hasattr(module, "check_federation"):  # checks that need the built tree and data (e.g. proxy sizes)
+        module.check_federation(cfg, federation_for(cfg))
     if level_fraction(alg, 0) != 1.0:
         raise ConfigError("algorithm.sample_fraction", "the root asks every level-1 node (its entry 0 must be 1); "
                                                        "sampling applies from level 1 down")

@@ -27,6 +27,11 @@ def traffic(counters: dict) -> dict[str, int]:
     return out
 
 
+def _natural(path: str) -> tuple[int, ...]:
+    """'1.10' after '1.9': paths and round paths compared as numbers."""
+    return tuple(int(p) for p in str(path).split(".") if p.isdigit())
+
+
 def _pct(value: float | None) -> str:
     return "  n/a " if value is None else f"{100 * value:6.2f}"
 
@@ -53,9 +58,10 @@ class Recorder:
             self.totals[key] = self.totals.get(key, 0) + value
         if counters.get("samples"):
             with (self.run_dir / "samples.jsonl").open("a") as f:
-                for records in counters["samples"]:
-                    for record in json.loads(records):
-                        f.write(json.dumps({"global_round": rnd, **record}) + "\n")
+                records = [record for block in counters["samples"] for record in json.loads(block)]
+                # Level-1 nodes answer in any order: write the records in tree order.
+                for record in sorted(records, key=lambda r: (_natural(r["node"]), _natural(r["round"]))):
+                    f.write(json.dumps({"global_round": rnd, **record}) + "\n")
         if evaluation is not None:
             line = {"round": rnd, **evaluation, "seconds": seconds,
                     "compute_seconds": counters.get("compute_seconds", 0.0),

@@ -138,7 +138,7 @@ class NodeClient(NumPyClient):
             "compute_seconds": time.perf_counter() - start,
             "device_failures": below,
             "rejected": int(counters.get("rejected", 0)) + sum(int(m.get("rejected", 0)) for m in report.metrics),
-            "samples": json.dumps(sample_records(spec, round_path, report)),
+            "samples": json.dumps(records) if (records := sample_records(spec, round_path, report)) else "",
         }
         if level == 1:  # the names 3-tier runs have always reported
             metrics["bytes_down_team"] = sum(v for k, v in counters.items() if k.startswith("bytes_down_level"))
@@ -156,6 +156,8 @@ class NodeClient(NumPyClient):
         if not self.global_model:
             models.pop("gm", None)
         own = self.own_model()
+        if own is None:  # never called yet (sampled out above): its first call would start from its parent's model
+            own = models.get(f"level{self.spec.level - 1}") if self.spec.level > 1 else models.get("gm")
         if own is not None:
             models[f"level{self.spec.level}"] = own
         metrics: dict[str, Scalar] = {"node": self.spec.path, f"bytes_down_level{self.spec.level}": 0}
@@ -173,12 +175,18 @@ class NodeClient(NumPyClient):
     def _evaluate_devices(self, models: dict[str, NDArrays], metrics: dict[str, Scalar]) -> dict[str, Scalar]:
         """Each target model on every device's test split; the devices' own models for PM."""
         targets = dict(models)
+        config: dict[str, dict[str, Scalar]] = {}
         if self.personalized:
-            targets["pm"] = []  # devices test their own model; nothing is sent
+            # Devices test their own model; nothing is sent, unless this node samples: then a
+            # device never asked yet tests the model it would start from (this node's).
+            samples = self.spec.sample_fraction < 1 and f"level{self.spec.level}" in models
+            targets["pm"] = models[f"level{self.spec.level}"] if samples else []
+            config["pm"] = {"fallback": True} if samples else {}
         report: dict[str, Scalar] = {}
         for target, arrays in targets.items():
             sent = ndarrays_to_parameters(arrays)
-            replies, moved = evaluate_children(self.children, sent, {"model": DEVICE_MODEL.get(target, "team")})
+            replies, moved = evaluate_children(self.children, sent,
+                                               {"model": DEVICE_MODEL.get(target, "team"), **config.get(target, {})})
             metrics[f"bytes_down_level{self.spec.level}"] += moved
             rows = [DeviceScore(int(r.metrics["device_id"]), int(r.metrics["correct"]), r.num_examples, r.loss)
                     for _, r in replies]

@@ -187,7 +187,8 @@ class GlobalStrategy(Strategy):
                                "two nodes serve the same team (check partition-id)")
         self._round["failures"] += len(failures) + rejected
         self._round["failures_level1"] = self._round.get("failures_level1", 0) + len(failures) + rejected
-        for _, res in results:
+        # In node order, not arrival order (Flower's server collects futures in any order).
+        for _, res in sorted(results, key=lambda r: (r[1].metrics.get("team_id", 0), str(r[1].metrics.get("node", "")))):
             self._round["bytes_up_global"] += nbytes(res.parameters.tensors)
             if res.metrics.get("samples"):
                 self._round.setdefault("samples", []).append(str(res.metrics["samples"]))
@@ -223,7 +224,8 @@ class GlobalStrategy(Strategy):
             log.warning("global round %d: a team's evaluation failed: %s", server_round, failure)
         self._round["failures"] += len(failures)
         self._round["evaluation_failures"] = len(failures)
-        reports = [res.metrics for _, res in results]
+        # In node order, not arrival order, so that float sums are reproducible.
+        reports = sorted((res.metrics for _, res in results), key=lambda m: (m.get("team_id", 0), str(m.get("node", ""))))
         for report in reports:
             self._count_team_report(report)
         pooled = pool_evaluations(reports)

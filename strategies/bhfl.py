@@ -139,6 +139,24 @@ def check_config(alg: Mapping[str, Any]) -> None:
         check_number("algorithm.proxy_lr", alg.get("proxy_lr"), minimum=0, open_min=True)
 
 
+def check_federation(cfg: Mapping[str, Any], fed) -> None:  # noqa: ANN001 - hfl.data.Federation
+    """Proxy sizes against the tree and the proxy pool, before training."""
+    sizes = cfg["algorithm"].get("proxy_samples")
+    if not sizes:
+        return
+    if len(sizes) != fed.tree.depth:
+        raise ConfigError("algorithm.proxy_samples", f"has {len(sizes)} entries; this tree of depth {fed.tree.depth} "
+                                                     f"needs one per server level 0..{fed.tree.depth - 1}")
+    pool = 0 if fed.proxy_y is None else len(fed.proxy_y)
+    if any(sizes) and pool == 0:
+        raise ConfigError("dataset.proxy_fraction", "algorithm.proxy_samples trains servers on proxy data; "
+                                                    "set dataset.proxy_fraction > 0 to carve a proxy pool")
+    for level, n in enumerate(sizes):
+        if n and not 2 <= n <= pool:
+            raise ConfigError("algorithm.proxy_samples", f"level {level} asks for {n} proxy samples; the proxy pool "
+                                                         f"holds {pool} (and a server needs at least 2)")
+
+
 # ---------------------------------------------------------------- Flower wiring
 def device_config(alg: Mapping[str, Any], depth: int) -> dict:
     """What the lowest servers send their devices besides the model."""
