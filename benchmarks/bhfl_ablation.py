@@ -46,7 +46,7 @@ from reproduce_table1 import (  # noqa: E402  (the sweep runner this script shar
     Job,
     describe,
     hydra_value,
-    is_complete,
+    pending_jobs,
     run_all,
     split_list,
     tool,
@@ -162,10 +162,7 @@ def report(args: argparse.Namespace, jobs: list[Job]) -> tuple[list[Path], list[
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     jobs = build_jobs(args)
-    for job in jobs:
-        if is_complete(job):
-            job.status = "done"
-    pending = [job for job in jobs if job.status == "pending"]
+    pending = pending_jobs(jobs)
 
     if args.dry_run:
         for job in jobs:

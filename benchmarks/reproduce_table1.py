@@ -326,13 +326,18 @@ def timing_table(jobs: list[Job]) -> None:
         print(f"{setting:<15} " + " ".join(f"{c / 60:10.1f} m" for c in cells))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    jobs = build_jobs(args)
+def pending_jobs(jobs: list[Job]) -> list[Job]:
+    """Mark the runs that already finished as done; return the others."""
     for job in jobs:
         if is_complete(job):
             job.status = "done"
-    pending = [job for job in jobs if job.status == "pending"]
+    return [job for job in jobs if job.status == "pending"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    jobs = build_jobs(args)
+    pending = pending_jobs(jobs)
 
     if args.dry_run:
         for job in jobs:

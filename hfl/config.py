@@ -36,6 +36,14 @@ def check_number(
     return value
 
 
+def check_number_list(key: str, value: Any, what: str, **bounds: Any) -> list:
+    """``value`` if it is a non-empty list whose entries pass ``check_number(**bounds)``
+    (each error names ``key[i]``); else a ConfigError naming ``key``."""
+    if not isinstance(value, list | tuple) or not value:
+        raise ConfigError(key, f"must be null or a non-empty list of {what}, got {value!r}")
+    return [check_number(f"{key}[{i}]", v, **bounds) for i, v in enumerate(value)]
+
+
 def _number(cfg: Mapping, path: str, *, minimum: float, integer: bool = False, strict: bool = False) -> None:
     node: Any = cfg
     for part in path.split("."):
@@ -61,12 +69,8 @@ def _check_levels(alg: Mapping) -> None:
     for key in ("any_depth", "persistent_devices"):
         if key in alg and not isinstance(alg[key], bool):
             raise ConfigError(f"algorithm.{key}", f"must be true or false, got {alg[key]!r}")
-    rounds = alg.get("level_rounds")
-    if rounds is not None:
-        if not isinstance(rounds, list | tuple) or not rounds:
-            raise ConfigError("algorithm.level_rounds", f"must be null or a non-empty list of rounds per level, got {rounds!r}")
-        for i, value in enumerate(rounds):
-            check_number(f"algorithm.level_rounds[{i}]", value, integer=True, minimum=1)
+    if alg.get("level_rounds") is not None:
+        check_number_list("algorithm.level_rounds", alg["level_rounds"], "rounds per level", integer=True, minimum=1)
     fraction = alg.get("sample_fraction", 1.0)
     values = fraction if isinstance(fraction, list | tuple) else [fraction]
     if not values:

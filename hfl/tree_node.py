@@ -44,6 +44,11 @@ class NodeSpec:
         return level_of(self.path)
 
     @property
+    def team_id(self) -> int:
+        """The level-1 node this node belongs to (its SuperNode in simulation); -1 for the root."""
+        return int(self.path.split(".")[0]) if self.path else -1
+
+    @property
     def store_key(self) -> str:
         return node_key(self.path)
 
@@ -134,7 +139,7 @@ class NodeClient(NumPyClient):
         metrics: dict[str, Scalar] = {
             **counters,
             "node": spec.path,
-            "team_id": int(spec.path.split(".")[0]) if spec.path else -1,
+            "team_id": spec.team_id,
             "compute_seconds": time.perf_counter() - start,
             "device_failures": below,
             "rejected": int(counters.get("rejected", 0)) + sum(int(m.get("rejected", 0)) for m in report.metrics),
@@ -166,7 +171,7 @@ class NodeClient(NumPyClient):
         else:
             reports = self._evaluate_nodes(models, metrics)
         metrics.update(add_reports(reports))
-        metrics["team_id"] = int(self.spec.path.split(".")[0]) if self.spec.path else -1
+        metrics["team_id"] = self.spec.team_id
         metrics["compute_seconds"] = time.perf_counter() - start
         if self.spec.level == 1:
             metrics["bytes_down_team"] = sum(v for k, v in metrics.items() if k.startswith("bytes_down_level"))

@@ -33,6 +33,11 @@ from hfl.payload import unpack
 
 log = logging.getLogger(__name__)
 
+def node_order(metrics: Mapping[str, Scalar]) -> tuple[int, str]:
+    """A level-1 node's reply sorted by its team id and path, not by arrival order."""
+    return int(metrics.get("team_id", 0)), str(metrics.get("node", ""))
+
+
 class Update(NamedTuple):
     model: NDArrays  # the payload's main arrays
     num_examples: int
@@ -188,7 +193,7 @@ class GlobalStrategy(Strategy):
         self._round["failures"] += len(failures) + rejected
         self._round["failures_level1"] = self._round.get("failures_level1", 0) + len(failures) + rejected
         # In node order, not arrival order (Flower's server collects futures in any order).
-        for _, res in sorted(results, key=lambda r: (r[1].metrics.get("team_id", 0), str(r[1].metrics.get("node", "")))):
+        for _, res in sorted(results, key=lambda r: node_order(r[1].metrics)):
             self._round["bytes_up_global"] += nbytes(res.parameters.tensors)
             if res.metrics.get("samples"):
                 self._round.setdefault("samples", []).append(str(res.metrics["samples"]))
@@ -225,7 +230,7 @@ class GlobalStrategy(Strategy):
         self._round["failures"] += len(failures)
         self._round["evaluation_failures"] = len(failures)
         # In node order, not arrival order, so that float sums are reproducible.
-        reports = sorted((res.metrics for _, res in results), key=lambda m: (m.get("team_id", 0), str(m.get("node", ""))))
+        reports = sorted((res.metrics for _, res in results), key=node_order)
         for report in reports:
             self._count_team_report(report)
         pooled = pool_evaluations(reports)

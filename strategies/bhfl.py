@@ -17,16 +17,23 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from flwr.common import FitIns, NDArrays, Parameters, ndarrays_to_parameters
+from flwr.common import FitIns, NDArrays, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
+from clients.fedavg import sgd_step
 from hfl import nodeopt
 from hfl.aggregate import mean_of
-from hfl.config import check_number
+from hfl.config import check_number, check_number_list
+from hfl.data import proxy_data
 from hfl.errors import ConfigError
-from hfl.payload import pack
-from hfl.tree_node import model_from_state
+from hfl.models import build_model
+from hfl.node import NodeContext, federation_for
+from hfl.payload import Payload, pack
+from hfl.seed import derive_seed
+from hfl.store import StateStore
+from hfl.training import BatchSampler, LocalTrainer, run_local_steps, to_ndarrays, to_tensors
+from hfl.tree_node import model_from_state, node_key
 from strategies.base import GlobalStrategy, TeamStrategy, Update
 
 DIRECTIONS = ("up", "down")
@@ -73,8 +80,8 @@ def merge_down(alg: Mapping, level: int, kept: NDArrays | None, received: Mappin
     else:
         theta, down = merge(spec_for(alg, level, "down"), kept, parent, sub_state(state, "down"))
         new_state = with_prefix(down, "down")
-    residual_spec = nodeopt.check_spec("algorithm.residual_down_opt", alg["residual_down_opt"])
     for name in sorted(n for n in received if n.startswith(RES_DOWN)):
+        residual_spec = nodeopt.check_spec("algorithm.residual_down_opt", alg["residual_down_opt"])
         theta, edge = merge(residual_spec, theta, received[name], sub_state(state, name))
         new_state.update(with_prefix(edge, name))
     return theta, new_state
@@ -129,12 +136,8 @@ def check_config(alg: Mapping[str, Any]) -> None:
     if not isinstance(alg.get("residual_down"), bool):
         raise ConfigError("algorithm.residual_down", f"must be true or false, got {alg.get('residual_down')!r}")
     check_number("algorithm.residual_up_k", alg.get("residual_up_k"), integer=True, minimum=0)
-    samples = alg.get("proxy_samples")
-    if samples is not None:
-        if not isinstance(samples, list | tuple) or not samples:
-            raise ConfigError("algorithm.proxy_samples", f"must be null or a list of sizes per level, got {samples!r}")
-        for i, n in enumerate(samples):
-            check_number(f"algorithm.proxy_samples[{i}]", n, integer=True, minimum=0)
+    if alg.get("proxy_samples") is not None:
+        check_number_list("algorithm.proxy_samples", alg["proxy_samples"], "sizes per level", integer=True, minimum=0)
         check_number("algorithm.proxy_steps", alg.get("proxy_steps"), integer=True, minimum=1)
         check_number("algorithm.proxy_lr", alg.get("proxy_lr"), minimum=0, open_min=True)
 
@@ -172,7 +175,6 @@ class BHFLNodeStrategy(TeamStrategy):
     def __init__(self, alg: Mapping[str, Any], ctx) -> None:  # noqa: ANN001 - hfl.node.NodeContext
         self.alg, self.level, self.depth = alg, ctx.level, ctx.depth
         received = ctx.payload.parts
-        self.state: dict[str, np.ndarray] = {}
         theta, self.state = merge_down(alg, self.level, model_from_state(ctx.state), received, ctx.state)
         self.up_state = {k: v for k, v in (ctx.state or {}).items() if k.startswith(("up.", RES_UP))}
         # The models of the ancestors this node passes on as residual edges (its parent's included).
@@ -218,11 +220,6 @@ class ProxyTrainer:
     """A server's minibatch SGD on its slice of the proxy pool (Algorithm 1, step 2a)."""
 
     def __init__(self, cfg: Mapping, path: str, size: int, fed, state) -> None:  # noqa: ANN001
-        from hfl.data import proxy_data
-        from hfl.models import build_model
-        from hfl.seed import derive_seed
-        from hfl.training import BatchSampler, LocalTrainer
-
         alg = cfg["algorithm"]
         self.data = proxy_data(fed, path, size, int(cfg["seed"]))
         self.trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, fed.num_classes))
@@ -241,19 +238,12 @@ class ProxyTrainer:
         return cls(ctx.cfg, ctx.path, int(sizes[ctx.level]), ctx.fed, state)
 
     def train(self, parameters: Parameters | NDArrays) -> NDArrays:
-        from flwr.common import parameters_to_ndarrays
-
-        from clients.fedavg import sgd_step
-        from hfl.training import run_local_steps, to_ndarrays, to_tensors
-
         arrays = parameters_to_ndarrays(parameters) if isinstance(parameters, Parameters) else parameters
         params, _ = run_local_steps(self.trainer, to_tensors(arrays), self.data.x_train, self.data.y_train,
                                     self.sampler, self.steps, lambda p, g: sgd_step(p, g, self.lr))
         return to_ndarrays(params)
 
     def evaluate(self, arrays: NDArrays) -> tuple[float, float]:
-        from hfl.training import to_tensors
-
         loss_sum, correct, n = self.trainer.evaluate(to_tensors(arrays), self.data.x_test, self.data.y_test)
         return correct / n, loss_sum / n
 
@@ -266,11 +256,6 @@ class BHFLRootStrategy(GlobalStrategy):
     and optimiser states are written to the state store (node-root) after every round."""
 
     def __init__(self, cfg: Mapping[str, Any], initial: NDArrays, **common: Any) -> None:
-        from hfl.node import NodeContext, federation_for
-        from hfl.payload import Payload
-        from hfl.store import StateStore
-        from hfl.tree_node import node_key
-
         self.alg = cfg["algorithm"]
         self.store = StateStore(cfg["runtime"]["state_dir"])
         self.key = node_key("")
