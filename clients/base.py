@@ -25,6 +25,14 @@ class DeviceClient(NumPyClient):
         loss_sum, correct, n = dev.trainer.evaluate(self.model_to_test(parameters, config), dev.x_test, dev.y_test)
         return loss_sum / n, n, {"device_id": dev.device_id, "correct": correct}
 
+    def fit_test(self, params: Params, config: dict[str, Scalar]) -> dict[str, Scalar]:
+        """With ``fit_test`` in the config: the model it just trained, on its own test split
+        (counters summed up the tree into the root's ``pflego_accuracy``, the PFLEGO paper's figure)."""
+        if not config.get("fit_test"):
+            return {}
+        _, correct, tested = self.device.trainer.evaluate(params, self.device.x_test, self.device.y_test)
+        return {"fit_test_correct": correct, "fit_test_samples": tested}
+
     def model_to_test(self, parameters: NDArrays, config: dict[str, Scalar]) -> Params:
         """The model ``evaluate`` tests: the device's own for ``model=personal``, else the one sent.
         Algorithms whose exchanged or personal state is not a plain model override this."""

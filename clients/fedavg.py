@@ -28,7 +28,8 @@ class FedAvgClient(DeviceClient):
             int(config["local_steps"]), lambda p, g: sgd_step(p, g, lr),
         )
         dev.personal = params  # its last local model; FedAvg reports no PM from it
-        return to_ndarrays(params), len(dev.y_train), {"device_id": dev.device_id, "train_loss": loss}
+        return to_ndarrays(params), len(dev.y_train), {"device_id": dev.device_id, "train_loss": loss,
+                                                       **self.fit_test(params, config)}
 
 
 def make_client(device: DeviceRuntime) -> FedAvgClient:

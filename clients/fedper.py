@@ -38,7 +38,8 @@ class HeadClient(DeviceClient):
         mask = head_mask(dev.trainer.names, int(config["head_layers"]))
         start = splice(received, dev.personal, mask) if dev.personal is not None else received
         dev.personal, loss = self.train(start, mask, config)
-        return fit_reply(dev, splice(dev.personal, received, mask), loss)
+        arrays, n, metrics = fit_reply(dev, splice(dev.personal, received, mask), loss)
+        return arrays, n, {**metrics, **self.fit_test(dev.personal, config)}
 
 
 def make_client(device: DeviceRuntime) -> HeadClient:

@@ -26,6 +26,7 @@ from hfl.errors import ConfigError
 from hfl.deploy.wiring import deployed_client, team_server_components, tier_of
 from hfl.node import build_team_node, federation_for, initial_model
 from hfl.recorder import Recorder
+from hfl.sampling import DeviceDraw
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 log = logging.getLogger("hfl")
@@ -47,6 +48,9 @@ def build_global_strategy(cfg: Mapping, run_dir: str | Path) -> Strategy:
         recorder=recorder,
         team_wait_seconds=float(cfg["runtime"].get("team_wait_seconds", 60)),
     )
+    if alg.get("sampling", "children") == "devices":
+        holds = {path: frozenset(fed.tree.devices_under(path)) for path in fed.tree.children("")}
+        common["device_sampling"] = DeviceDraw(len(fed.devices), float(alg["sample_fraction"]), int(cfg["seed"]), holds)
     if hasattr(module, "build_root_strategy"):  # a root that needs the whole config (state store, proxy data)
         return module.build_root_strategy(cfg, initial_model(cfg, fed), **common)
     return module.build_global_strategy(alg, initial_model(cfg, fed), **common)

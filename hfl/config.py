@@ -62,16 +62,29 @@ def load_module(alg: Mapping, role: str) -> ModuleType:
         raise ConfigError(f"algorithm.{role}", f"cannot import {name!r}: {exc}") from exc
 
 
+# children: every node samples ``sample_fraction`` of its children per round (per level);
+# devices: the root draws ``sample_fraction`` of all devices per global round (uniform across the
+# tree, PFLEGO) and a node asks only the children holding a drawn device.
+SAMPLINGS = ("children", "devices")
+
+
 def _check_levels(alg: Mapping) -> None:
     """Per-level settings: ``level_rounds`` (null or a list of ints >= 1, levels 1..D-1) and
-    ``sample_fraction`` (a number in (0, 1] or such a list, root first). Their lengths are
-    checked against the tree once it is built (hfl.node.check_tree)."""
-    for key in ("any_depth", "persistent_devices"):
+    ``sample_fraction`` (a number in (0, 1] or such a list, root first; one number with
+    ``sampling=devices``). Their lengths are checked against the tree once it is built
+    (hfl.node.check_tree)."""
+    for key in ("any_depth", "persistent_devices", "local_labels", "fit_test"):
         if key in alg and not isinstance(alg[key], bool):
             raise ConfigError(f"algorithm.{key}", f"must be true or false, got {alg[key]!r}")
     if alg.get("level_rounds") is not None:
         check_number_list("algorithm.level_rounds", alg["level_rounds"], "rounds per level", integer=True, minimum=1)
     fraction = alg.get("sample_fraction", 1.0)
+    sampling = alg.get("sampling", "children")
+    if sampling not in SAMPLINGS:
+        raise ConfigError("algorithm.sampling", f"unknown sampling {sampling!r}; known: {', '.join(SAMPLINGS)}")
+    if sampling == "devices" and isinstance(fraction, list | tuple):
+        raise ConfigError("algorithm.sample_fraction", "with algorithm.sampling=devices it is one number: the "
+                                                       f"fraction of all devices drawn per global round, got {fraction!r}")
     values = fraction if isinstance(fraction, list | tuple) else [fraction]
     if not values:
         raise ConfigError("algorithm.sample_fraction", "must be a number or a non-empty list")
@@ -120,6 +133,9 @@ def validate(cfg: Mapping) -> None:
     runtime = cfg.get("runtime", {})
     if runtime.get("name") not in RUNTIMES:
         raise ConfigError("runtime.name", f"unknown runtime {runtime.get('name')!r}; known: {', '.join(RUNTIMES)}")
+    if runtime.get("name") == "deployment" and alg.get("sampling", "children") == "devices":
+        raise ConfigError("algorithm.sampling", "'devices' needs the root to address level-1 nodes by path, which "
+                                                "the deployment's team SuperLinks do not offer yet; run it in simulation")
     if runtime.get("name") == "deployment" and not hasattr(load_module(alg, "strategy"), "build_team_strategy"):
         raise ConfigError("algorithm.name", f"{alg.get('name')!r} keeps node state across calls, which the "
                                             "deployment's team runs do not carry yet; run it in simulation")

@@ -22,6 +22,8 @@ class DeviceRuntime:
     sampler: BatchSampler
     personal: Params | None = None  # the model the device keeps (PerMFL's theta)
     extra: dict[str, np.ndarray] = field(default_factory=dict)  # other kept state, e.g. node-optimiser moments
+    seed: int = 0  # the run's seed (for state a device creates itself, e.g. a personal head)
+    classes: list[int] | None = None  # the classes it owns; with local labels, y indexes this list
 
     @property
     def key(self) -> str:

@@ -76,7 +76,8 @@ def client_manager_of(proxies: list[ClientProxy]) -> SimpleClientManager:
 
 
 # Counters a node adds up over its subtree (its children's replies carry theirs).
-SUBTREE_COUNTERS = ("bytes_down_level", "bytes_up_level", "failures_level", "device_failures", "rejected")
+# fit_test_*: devices' own test of the model they trained this round (the PFLEGO paper's figure).
+SUBTREE_COUNTERS = ("bytes_down_level", "bytes_up_level", "failures_level", "device_failures", "rejected", "fit_test_")
 
 
 @dataclass
@@ -109,13 +110,14 @@ def run_fit_rounds(
     num_rounds: int,
     sample: Sampler | None = None,
     round_path: str = "",
+    forward: dict | None = None,
 ) -> tuple[Parameters, RoundsReport]:
     """``num_rounds`` rounds of configure_fit -> client.fit -> aggregate_fit, in order.
 
     Each round the strategy sees only the children ``sample(round, children)`` picks (all
     of them without a sampler); each FitIns also carries the ``round_path`` of that round
     (e.g. ``"3.2"`` = team round 2 of global round 3) so that a child node seeds its own
-    sampling by it.
+    sampling by it, and the ``forward`` entries (e.g. the devices the root drew).
     """
     report = RoundsReport()
     parameters = strategy.initialize_parameters(manager)
@@ -131,7 +133,7 @@ def run_fit_rounds(
         here = f"{round_path}.{server_round}" if round_path else str(server_round)
         for proxy, ins in instructions:
             report.bytes_down += nbytes(ins.parameters.tensors)
-            ins = FitIns(ins.parameters, {**ins.config, "round_path": here})
+            ins = FitIns(ins.parameters, {**ins.config, **(forward or {}), "round_path": here})
             try:
                 res = proxy.fit(ins, timeout=None, group_id=server_round)
             except Exception as exc:  # a dead child is counted, the round goes on

@@ -40,16 +40,57 @@ def federation_for(cfg: Mapping) -> Federation:
     return _federation(key)
 
 
+def device_classes(fed: Federation, device_id: int) -> list[int]:
+    """The classes a device owns: those it was dealt (class partitions), else those in its data."""
+    if fed.device_classes is not None:
+        return sorted(fed.device_classes[device_id])
+    data = fed.devices[device_id]
+    return sorted(set(data.y_train.tolist()) | set(data.y_test.tolist()))
+
+
+def model_classes(cfg: Mapping, fed: Federation) -> int:
+    """The model's output size: the dataset's classes, or with ``algorithm.local_labels`` the
+    number K_i of classes each device owns (labels become local indices 0..K_i-1, PFLEGO's
+    setting). A head shared by the servers needs one K for every device; an algorithm whose
+    heads stay on the devices (``personal_heads``) builds each with its own K_i."""
+    if not cfg["algorithm"].get("local_labels", False):
+        return fed.num_classes
+    counts = {len(device_classes(fed, d)) for d in range(len(fed.devices))}
+    if len(counts) > 1 and not cfg["algorithm"].get("personal_heads", False):
+        raise ConfigError("algorithm.local_labels", f"devices own different numbers of classes ({sorted(counts)}), so a "
+                                                    "shared K-way head has no common K; use dataset.partition="
+                                                    "roundrobin (every device gets classes_per_device classes)")
+    return max(counts)
+
+
+def device_data(cfg: Mapping, fed: Federation, device_id: int) -> DeviceData:
+    """A device's data; with ``algorithm.local_labels`` its labels are local class indices."""
+    data = fed.devices[device_id]
+    if not cfg["algorithm"].get("local_labels", False):
+        return data
+    classes = torch.tensor(device_classes(fed, device_id))
+    local = {}
+    for split in ("y_train", "y_test"):
+        y = getattr(data, split)
+        idx = torch.searchsorted(classes, y)
+        if len(y) and (idx.max() >= len(classes) or not torch.equal(classes[idx], y)):
+            raise ValueError(f"device {device_id} holds labels outside its classes {classes.tolist()}")
+        local[split] = idx
+    return DeviceData(device_id, data.x_train, local["y_train"], data.x_test, local["y_test"])
+
+
 def initial_model(cfg: Mapping, fed: Federation) -> NDArrays:
     """The global model x^0, initialised from the run's seed."""
     torch.manual_seed(derive_seed(cfg["seed"], "init"))
-    return to_ndarrays(LocalTrainer(build_model(cfg["model"], fed.input_shape, fed.num_classes)).initial_params())
+    return to_ndarrays(LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed))).initial_params())
 
 
-def device_runtime(cfg: Mapping, device_id: int, data: DeviceData, trainer: LocalTrainer, store: StateStore) -> DeviceRuntime:
+def device_runtime(cfg: Mapping, device_id: int, data: DeviceData, trainer: LocalTrainer, store: StateStore,
+                   classes: list[int] | None = None) -> DeviceRuntime:
     """A device with its data, its seeded minibatch sampler and its saved state (if any)."""
     sampler = BatchSampler(len(data.y_train), int(cfg["dataset"]["batch_size"]), derive_seed(cfg["seed"], "batches", device_id))
-    device = DeviceRuntime(device_id, data.x_train, data.y_train, data.x_test, data.y_test, trainer, sampler)
+    device = DeviceRuntime(device_id, data.x_train, data.y_train, data.x_test, data.y_test, trainer, sampler,
+                           seed=int(cfg["seed"]), classes=classes)
     device.load(store)
     return device
 
@@ -68,6 +109,8 @@ def level_rounds(alg: Mapping, level: int, depth: int) -> int:
 def level_fraction(alg: Mapping, level: int) -> float:
     """The fraction of its children a node at ``level`` asks per round (``algorithm.sample_fraction``:
     one number for every level, or a list, root first)."""
+    if alg.get("sampling", "children") == "devices":
+        return 1.0  # the root draws devices; nodes ask the children that hold them
     fraction = alg.get("sample_fraction", 1.0)
     if isinstance(fraction, list | tuple):
         return float(fraction[level])
@@ -90,6 +133,10 @@ def check_tree(cfg: Mapping, tree: Tree) -> None:
     module = load_module(alg, "strategy")
     if hasattr(module, "check_federation"):  # checks that need the built tree and data (e.g. proxy sizes)
         module.check_federation(cfg, federation_for(cfg))
+    if alg.get("local_labels", False) and float(cfg["dataset"].get("proxy_fraction", 0.0)) > 0:
+        raise ConfigError("algorithm.local_labels", "servers' proxy data keeps the dataset's labels; local labels "
+                                                    "and dataset.proxy_fraction > 0 do not mix")
+    model_classes(cfg, federation_for(cfg))  # refuses local labels without a common K
     if level_fraction(alg, 0) != 1.0:
         raise ConfigError("algorithm.sample_fraction", "the root asks every level-1 node (its entry 0 must be 1); "
                                                        "sampling applies from level 1 down")
@@ -121,8 +168,11 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
     strategy_module = load_module(alg, "strategy")
     if tree.is_lowest(path):
         client_module = load_module(alg, "client")
-        trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, fed.num_classes))
-        devices = [device_runtime(cfg, d, fed.devices[d], trainer, store) for d in tree.devices(path)]
+        trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed)))
+        local = bool(alg.get("local_labels", False))
+        devices = [device_runtime(cfg, d, device_data(cfg, fed, d), trainer, store,
+                                  device_classes(fed, d) if local else None) for d in tree.devices(path)]
+        holds = {f"{d:06d}": frozenset([d]) for d in tree.devices(path)}
         proxies = [InProcessClientProxy(f"{d.device_id:06d}", client_module.make_client(d).to_client()) for d in devices]
 
         def persist() -> None:
@@ -131,6 +181,7 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
     else:
         proxies = [InProcessClientProxy(child, lambda child=child: build_node(cfg, child, state_dir).to_client())
                    for child in tree.children(path)]
+        holds = {child: frozenset(tree.devices_under(child)) for child in tree.children(path)}
 
         def persist() -> None:
             pass
@@ -143,10 +194,11 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
             return strategy_module.build_team_strategy(alg, payload.main)
 
     spec = NodeSpec(path, level_rounds(alg, level, tree.depth), level_fraction(alg, level), int(cfg["seed"]),
-                    tree.is_lowest(path))
+                    tree.is_lowest(path), device_sampling=alg.get("sampling", "children") == "devices")
     return NodeClient(spec, client_manager_of(proxies), make_strategy, store,
                       personalized=bool(alg["personalized"]), global_model=bool(alg.get("global_model", True)),
-                      persist=persist)
+                      persist=persist, holds=holds, pm_base=alg.get("pm_base"),
+                      level_models=bool(alg.get("level_models", True)))
 
 
 def build_team_node(cfg: Mapping, team_id: int, state_dir: str | Path) -> NodeClient:

@@ -4,7 +4,8 @@ on (seed, node path, round path) and not on what ran before it (resumable, order
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from hfl.seed import rng
@@ -28,3 +29,30 @@ def sample_children(children: Sequence[T], fraction: float, seed: int, path: str
         return list(children)
     chosen = rng(seed, "sample", path or "root", round_path).choice(len(children), size=k, replace=False)
     return [children[i] for i in sorted(int(c) for c in chosen)]
+
+
+def sample_devices(num_devices: int, fraction: float, seed: int, global_round: int) -> list[int]:
+    """``algorithm.sampling=devices``: ceil(fraction x I) of all I devices, uniformly across the
+    tree, drawn by the root for one global round (sorted ids)."""
+    k = sample_size(num_devices, fraction)
+    chosen = rng(seed, "devices", global_round).choice(num_devices, size=k, replace=False)
+    return sorted(int(c) for c in chosen)
+
+
+def parse_devices(text: str) -> frozenset[int]:
+    """The device ids a ``devices`` config entry names ("3,17,42")."""
+    return frozenset(int(part) for part in str(text).split(",") if part)
+
+
+@dataclass(frozen=True)
+class DeviceDraw:
+    """The root's per-round device draw for ``algorithm.sampling=devices``: which devices, and
+    which level-1 subtrees (by path) hold them."""
+
+    num_devices: int
+    fraction: float
+    seed: int
+    holds: Mapping[str, frozenset[int]]  # level-1 path -> the devices under it
+
+    def draw(self, global_round: int) -> list[int]:
+        return sample_devices(self.num_devices, self.fraction, self.seed, global_round)

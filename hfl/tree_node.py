@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +23,7 @@ from flwr.server.strategy import Strategy
 from hfl.evaluation import DeviceScore, add_reports, evaluation_result, target_report
 from hfl.inprocess import evaluate_children, run_fit_rounds
 from hfl.payload import Payload, pack, unpack
-from hfl.sampling import sample_children
+from hfl.sampling import parse_devices, sample_children
 from hfl.store import StateStore
 from hfl.tree import level_of
 
@@ -38,6 +38,7 @@ class NodeSpec:
     sample_fraction: float  # of its children, per round
     seed: int
     lowest: bool  # its children are devices
+    device_sampling: bool = False  # algorithm.sampling=devices: the root draws devices, sent as config "devices"
 
     @property
     def level(self) -> int:
@@ -99,6 +100,9 @@ class NodeClient(NumPyClient):
         personalized: bool,
         global_model: bool = True,
         persist: Callable[[], None] = lambda: None,
+        holds: Mapping[str, frozenset[int]] | None = None,
+        pm_base: str | None = None,
+        level_models: bool = True,
     ) -> None:
         self.spec = spec
         self.children = children
@@ -107,6 +111,23 @@ class NodeClient(NumPyClient):
         self.personalized = personalized
         self.global_model = global_model
         self.persist = persist
+        self.holds = dict(holds or {})  # child cid -> the devices in its subtree (for sampling=devices)
+        self.pm_base = pm_base  # "gm": a device's PM is the root's model completed by its own part (PFLEGO)
+        self.level_models = level_models  # false: the servers' models are no predictors (gradient servers)
+
+    def _asked_children(self, children: list, config: dict[str, Scalar], round_path: str, server_round: int) -> list:
+        """The children a round asks: those holding a device the root drew (sampling=devices),
+        else a seeded sample of ``spec.sample_fraction`` of them."""
+        spec = self.spec
+        if spec.device_sampling:
+            if "devices" not in config:
+                raise RuntimeError(f"node {spec.path!r}: algorithm.sampling=devices but the parent sent no device list")
+            drawn = parse_devices(str(config["devices"]))
+            asked = [c for c in children if self.holds.get(c.cid, frozenset()) & drawn]
+            if not asked:
+                raise RuntimeError(f"node {spec.path!r} was called but holds none of the drawn devices")
+            return asked
+        return sample_children(children, spec.sample_fraction, spec.seed, spec.path, f"{round_path}.{server_round}")
 
     def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
         return {"path": self.spec.path, "level": self.spec.level}
@@ -121,9 +142,10 @@ class NodeClient(NumPyClient):
         round_path = str(config.get("round_path", config.get("global_round", 0)))
 
         def sample(server_round: int, children: list) -> list:
-            return sample_children(children, spec.sample_fraction, spec.seed, spec.path, f"{round_path}.{server_round}")
+            return self._asked_children(children, config, round_path, server_round)
 
-        params, report = run_fit_rounds(strategy, self.children, spec.rounds, sample, round_path)
+        forward = {"devices": config["devices"]} if spec.device_sampling else None
+        params, report = run_fit_rounds(strategy, self.children, spec.rounds, sample, round_path, forward)
         model = parameters_to_ndarrays(params)
         state = {f"w_{i}": a for i, a in enumerate(model)}
         if hasattr(strategy, "node_state"):  # e.g. node-optimiser moments (strategies.bhfl)
@@ -152,16 +174,21 @@ class NodeClient(NumPyClient):
         if extra:  # e.g. residual updates for the grandparent (strategies.bhfl)
             arrays, meta = pack("parts", {"model": model, **extra})
             return arrays, report.num_examples, {**metrics, **meta}
+        kind = getattr(strategy, "reply_kind", "model")
+        if kind != "model":  # e.g. a gradient mean (strategies.pflego)
+            arrays, meta = pack(kind, model)
+            return arrays, report.num_examples, {**metrics, **meta}
         return model, report.num_examples, metrics
 
     def evaluate(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[float, int, dict[str, Scalar]]:
         start = time.perf_counter()
         received = unpack(parameters, config)
         models = {"gm": received.main} if received.kind == "model" else dict(received.parts)
-        if not self.global_model:
+        if not self.global_model and self.pm_base != "gm":
             models.pop("gm", None)
-        own = self.own_model()
-        if own is None:  # never called yet (sampled out above): its first call would start from its parent's model
+        own = self.own_model() if self.level_models else None
+        if own is None and self.level_models:
+            # Never called yet (sampled out above): its first call would start from its parent's model.
             own = models.get(f"level{self.spec.level - 1}") if self.spec.level > 1 else models.get("gm")
         if own is not None:
             models[f"level{self.spec.level}"] = own
@@ -180,11 +207,16 @@ class NodeClient(NumPyClient):
     def _evaluate_devices(self, models: dict[str, NDArrays], metrics: dict[str, Scalar]) -> dict[str, Scalar]:
         """Each target model on every device's test split; the devices' own models for PM."""
         targets = dict(models)
+        if not self.global_model:
+            targets.pop("gm", None)  # forwarded only as the base of the devices' PMs
         config: dict[str, dict[str, Scalar]] = {}
-        if self.personalized:
+        if self.pm_base == "gm":
+            targets["pm"], config["pm"] = models["gm"], {}  # each device completes it with its own part
+        elif self.personalized:
             # Devices test their own model; nothing is sent, unless this node samples: then a
             # device never asked yet tests the model it would start from (this node's).
-            samples = self.spec.sample_fraction < 1 and f"level{self.spec.level}" in models
+            sampled = self.spec.sample_fraction < 1 or self.spec.device_sampling
+            samples = sampled and f"level{self.spec.level}" in models
             targets["pm"] = models[f"level{self.spec.level}"] if samples else []
             config["pm"] = {"fallback": True} if samples else {}
         report: dict[str, Scalar] = {}

@@ -6,6 +6,7 @@ update rule; sampling, validation of updates, ordering and bookkeeping live here
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -17,6 +18,7 @@ from flwr.common import (
     EvaluateIns,
     FitIns,
     FitRes,
+    GetPropertiesIns,
     NDArrays,
     Parameters,
     Scalar,
@@ -30,12 +32,23 @@ from flwr.server.strategy import Strategy
 from hfl.aggregate import nbytes, update_problem
 from hfl.evaluation import pool_evaluations
 from hfl.payload import unpack
+from hfl.sampling import DeviceDraw
 
 log = logging.getLogger(__name__)
 
 def node_order(metrics: Mapping[str, Scalar]) -> tuple[int, str]:
     """A level-1 node's reply sorted by its team id and path, not by arrival order."""
     return int(metrics.get("team_id", 0)), str(metrics.get("node", ""))
+
+
+def fit_test_metrics(history: Sequence[float], window: int = 10) -> dict[str, float]:
+    """The PFLEGO paper's figure from the per-round accuracies of the sampled devices (each after
+    its training, before the root's step, pooled over their test samples): ``pflego_accuracy``,
+    the mean of the last ``window`` rounds, and ``pflego_round_accuracy``, the last round's."""
+    if not history:
+        return {}
+    last = history[-window:]
+    return {"pflego_accuracy": sum(last) / len(last), "pflego_round_accuracy": history[-1]}
 
 
 class Update(NamedTuple):
@@ -137,8 +150,12 @@ class GlobalStrategy(Strategy):
         fit_config: Mapping[str, Scalar] | None = None,
         recorder=None,  # noqa: ANN001 - hfl.recorder.Recorder, optional
         team_wait_seconds: float = 60.0,
+        device_sampling: DeviceDraw | None = None,
     ) -> None:
         self.initial = initial
+        self.device_sampling = device_sampling
+        self._paths: dict[str, str] = {}  # level-1 node cid -> its path (asked once)
+        self.fit_test_history: list[float] = []  # per global round: the devices' own test after training
         self.num_teams = num_teams
         self.num_rounds = num_rounds
         self.eval_every = eval_every
@@ -171,10 +188,26 @@ class GlobalStrategy(Strategy):
         self._round = {"start": time.perf_counter(), "bytes_down_global": 0, "bytes_up_global": 0,
                        "bytes_down_team": 0, "bytes_up_team": 0, "compute_seconds": 0.0, "failures": 0}
         self.current = parameters_to_ndarrays(parameters)
-        teams = self._teams(client_manager)
+        teams, extra = self._fit_targets(server_round, self._teams(client_manager))
         self._round["bytes_down_global"] += nbytes(parameters.tensors) * len(teams)
-        ins = FitIns(parameters, {**self.fit_config, "global_round": server_round})
+        ins = FitIns(parameters, {**self.fit_config, **extra, "global_round": server_round})
         return [(proxy, ins) for proxy in teams]
+
+    def _fit_targets(self, server_round: int, teams: list[ClientProxy]) -> tuple[list[ClientProxy], dict[str, Scalar]]:
+        """Every level-1 node, or with ``sampling=devices`` those holding a device drawn for the
+        round (a subtree without one is not called), and the config entry naming the devices."""
+        if self.device_sampling is None:
+            return teams, {}
+        drawn = self.device_sampling.draw(server_round)
+        for proxy in teams:
+            if proxy.cid not in self._paths:  # Flower's node ids say nothing of the tree: ask once
+                props = proxy.get_properties(GetPropertiesIns({}), timeout=self.team_wait_seconds, group_id=server_round)
+                self._paths[proxy.cid] = str(props.properties["path"])
+        wanted = set(drawn)
+        asked = [p for p in teams if self.device_sampling.holds[self._paths[p.cid]] & wanted]
+        record = [{"node": "root", "round": str(server_round), "devices": drawn}]
+        self._round.setdefault("samples", []).append(json.dumps(record))
+        return asked, {"devices": ",".join(map(str, drawn))}
 
     def _count_team_report(self, metrics: Mapping[str, Scalar]) -> None:
         """Add a level-1 node's subtree counters (bytes per edge level, seconds) to the round's."""
@@ -204,6 +237,10 @@ class GlobalStrategy(Strategy):
                 f"global round {server_round}: no team model to aggregate "
                 f"({len(failures)} failures, {rejected} rejected); stopping rather than keeping the old model"
             )
+        tested = sum(int(res.metrics.get("fit_test_samples", 0)) for _, res in results)
+        if tested:
+            correct = sum(int(res.metrics.get("fit_test_correct", 0)) for _, res in results)
+            self.fit_test_history.append(correct / tested)
         self.last_accepted = accepted
         models = [u.model for u in accepted]
         weights = [u.num_examples for u in accepted]
@@ -234,6 +271,7 @@ class GlobalStrategy(Strategy):
         for report in reports:
             self._count_team_report(report)
         pooled = pool_evaluations(reports)
+        pooled.update(fit_test_metrics(self.fit_test_history))
         pooled.update(self.root_evaluation())
         self._finish(server_round, pooled)
         loss = pooled["gm_loss"] if pooled.get("gm_loss") is not None else pooled.get("pm_loss")

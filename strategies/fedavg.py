@@ -19,7 +19,7 @@ class FedAvgTeamStrategy(TeamStrategy):
     def __init__(self, parent: NDArrays, alg: Mapping[str, Any]) -> None:
         super().__init__(
             parent,
-            {"alpha": alg["alpha"], "local_steps": alg["local_steps"]},
+            {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "fit_test": bool(alg.get("fit_test", False))},
             min_fit_fraction=alg.get("min_fit_fraction", 1.0),
         )
         self.weighted = bool(alg["weighted"])

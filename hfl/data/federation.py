@@ -19,6 +19,8 @@ from hfl.data.partition import (
     partition_by_classes,
     partition_dirichlet,
     partition_iid,
+    partition_roundrobin,
+    roundrobin_classes,
     split_train_test,
 )
 from hfl.config import check_number
@@ -27,7 +29,7 @@ from hfl.seed import derive_seed, rng
 from hfl.tree import Tree
 
 DATASETS = ("synthetic", *vision.SPECS)
-PARTITIONS = ("classes", "dirichlet", "iid", "natural")
+PARTITIONS = ("classes", "dirichlet", "iid", "natural", "roundrobin")
 
 
 @dataclass
@@ -49,6 +51,9 @@ class Federation:
     tree: Tree  # the whole hierarchy; teams are its level-1 nodes
     proxy_x: torch.Tensor | None = None  # proxy pool (dataset.proxy_fraction > 0): float, like device data
     proxy_y: torch.Tensor | None = None  # int64; None when dataset.proxy_fraction is 0
+    # The classes each device was dealt (sorted; `classes` and `roundrobin` partitions, else None);
+    # the proxy pool may have taken some of their samples, the list is unchanged.
+    device_classes: list[list[int]] | None = None
 
 
 # ---------------------------------------------------------------- config reading
@@ -177,6 +182,7 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
     else:
         x, y, input_shape, num_classes, natural, to_float = _load_vision(dataset_cfg, name)
 
+    device_classes: list[list[int]] | None = None
     if partition == "natural":
         parts, too_small_key = natural, "dataset.min_samples"
     elif partition == "classes":
@@ -192,6 +198,11 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
         device_classes = classes_of_devices(num_devices, num_classes, k, teams, labels)
         parts = partition_by_classes(y, device_classes, min_per_class, size_sigma, seed)
         too_small_key = "dataset.min_per_class"
+    elif partition == "roundrobin":
+        k = _int(dataset_cfg, "classes_per_device", 2, 1, num_classes)
+        device_classes = roundrobin_classes(num_devices, num_classes, k, seed)
+        parts = partition_roundrobin(y, device_classes, seed)
+        too_small_key = topology.device_count_key(topology_cfg)  # too many owners share a class
     elif partition == "iid":
         parts, too_small_key = partition_iid(y, num_devices, seed), topology.device_count_key(topology_cfg)
     else:
@@ -229,7 +240,8 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
                 y_test=torch.from_numpy(y[test]),
             )
         )
-    return Federation(name, tuple(input_shape), num_classes, devices, teams, tree, proxy_x, proxy_y)
+    sorted_classes = None if device_classes is None else [sorted(cs) for cs in device_classes]
+    return Federation(name, tuple(input_shape), num_classes, devices, teams, tree, proxy_x, proxy_y, sorted_classes)
 
 
 def proxy_data(fed: Federation, path: str, size: int, seed: int, train_fraction: float = 0.75) -> DeviceData:

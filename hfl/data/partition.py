@@ -78,6 +78,56 @@ def partition_by_classes(
     return [np.sort(np.concatenate(p)) if p else np.empty(0, np.int64) for p in parts]
 
 
+def roundrobin_classes(num_devices: int, num_classes: int, classes_per_device: int, seed: int) -> list[list[int]]:
+    """Which classes each device holds (PFLEGO's ``roundrobin`` partition), sorted.
+
+    Every device draws ``classes_per_device`` distinct classes at random; then each class
+    nobody drew replaces, on a random device, a class that several devices drew, so that
+    every class is owned and every device keeps exactly k distinct classes.
+    """
+    k = classes_per_device
+    if not 1 <= k <= num_classes:
+        raise ConfigError("dataset.classes_per_device", f"must be in 1..{num_classes}, got {k}")
+    if num_devices * k < num_classes:
+        raise ConfigError(
+            "dataset.classes_per_device",
+            f"{num_devices} devices x {k} classes each = {num_devices * k} slots cannot cover all "
+            f"{num_classes} classes; raise it or use more devices",
+        )
+    g = rng(seed, "partition", "roundrobin", "pick")
+    owned = [[int(c) for c in g.choice(num_classes, size=k, replace=False)] for _ in range(num_devices)]
+    owners = np.bincount(np.concatenate(owned), minlength=num_classes)
+    for c in np.flatnonzero(owners == 0):
+        # devices*k >= classes, so while some class is unused another is drawn twice (pigeonhole):
+        # the slot to give up always exists, and its old class keeps an owner.
+        slots = [(d, i) for d, cs in enumerate(owned) for i, old in enumerate(cs) if owners[old] > 1]
+        d, i = slots[int(g.integers(len(slots)))]
+        owners[owned[d][i]] -= 1
+        owned[d][i] = int(c)  # c is unused, so it is new to device d: the k classes stay distinct
+        owners[c] += 1
+    return [sorted(cs) for cs in owned]
+
+
+def partition_roundrobin(labels: np.ndarray, device_classes: list[list[int]], seed: int) -> list[np.ndarray]:
+    """Deal each class's shuffled samples one at a time over its owners in device-id order.
+
+    Owners of a class get counts differing by at most one; every sample of an owned class is
+    used, classes nobody owns are dropped.
+    """
+    holders: dict[int, list[int]] = {}
+    for device, classes in enumerate(device_classes):
+        for c in classes:
+            holders.setdefault(int(c), []).append(device)
+    parts: list[list[np.ndarray]] = [[] for _ in device_classes]
+    for c in sorted(holders):
+        devices = holders[c]
+        idx = np.flatnonzero(labels == c)
+        rng(seed, "partition", "roundrobin", "class", c).shuffle(idx)  # one stream per class
+        for j, device in enumerate(devices):
+            parts[device].append(idx[j :: len(devices)])
+    return [np.sort(np.concatenate(p)) if p else np.empty(0, np.int64) for p in parts]
+
+
 def partition_iid(labels: np.ndarray, num_devices: int, seed: int) -> list[np.ndarray]:
     """Equal-size random shards (flwr-datasets' IidPartitioner on a seeded shuffle)."""
     from datasets import Dataset

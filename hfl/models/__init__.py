@@ -56,7 +56,78 @@ class CNN(nn.Module):
         return torch.log_softmax(self.fc2(torch.relu(self.fc1(h))), dim=1)
 
 
-MODELS = {"mclr": MCLR, "dnn": DNN, "cnn": CNN}
+def _image_shape(name: str, input_shape: Sequence[int]) -> tuple[int, int, int]:
+    if len(input_shape) != 3:
+        raise ConfigError("model.name", f"{name} needs image inputs (C, H, W), got shape {tuple(input_shape)}")
+    channels, height, width = (int(v) for v in input_shape)
+    return channels, height, width
+
+
+class BodyHead(nn.Module):
+    """A feature extractor ``body`` (flat features of size ``feature_dim``) under a linear ``head``.
+
+    The head is registered last, so its tensors are the last two parameters
+    (``hfl.personal.head_mask(names, 1)`` selects them): PFLEGO-style algorithms keep it personal.
+    """
+
+    def __init__(self, body: nn.Sequential, feature_dim: int, num_classes: int) -> None:
+        super().__init__()
+        self.body = body
+        self.feature_dim = feature_dim
+        self.head = nn.Linear(feature_dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.head(self.body(x)), dim=1)
+
+
+class MLP(BodyHead):
+    """PFLEGO's MNIST network: Flatten -> Linear(d -> hidden) -> ReLU, then the head."""
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int, hidden: int = 200) -> None:
+        body = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), hidden), nn.ReLU())
+        super().__init__(body, hidden, num_classes)
+
+
+class PflegoCNN(BodyHead):
+    """PFLEGO's CIFAR-10 network: two [Conv 5x5 (64, same) -> ReLU -> MaxPool 3x3 s2 p1] blocks,
+    then Linear 384 -> ReLU -> Linear 192 -> ReLU, then the head."""
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
+        channels, height, width = _image_shape("pflego_cnn", input_shape)
+
+        def pooled(side: int) -> int:  # MaxPool2d(3, stride=2, padding=1): ceil(side / 2)
+            return (side + 2 - 3) // 2 + 1
+
+        flat = 64 * pooled(pooled(height)) * pooled(pooled(width))
+        body = nn.Sequential(
+            nn.Conv2d(channels, 64, kernel_size=5, padding="same"), nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1),
+            nn.Conv2d(64, 64, kernel_size=5, padding="same"), nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1),
+            nn.Flatten(),
+            nn.Linear(flat, 384), nn.ReLU(),
+            nn.Linear(384, 192), nn.ReLU(),
+        )
+        super().__init__(body, 192, num_classes)
+
+
+class Conv4(BodyHead):
+    """PFLEGO's Omniglot network: four [Conv 3x3 (64, pad 1) -> ReLU -> MaxPool 2] blocks, flattened
+    (64 features for 28x28 inputs), then the head."""
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
+        channels, height, width = _image_shape("conv4", input_shape)
+        # Each block keeps the side through the conv and floors it by 2 in the pool.
+        if min(height, width) < 16:
+            raise ConfigError(
+                "model.name", f"conv4 halves each side four times and needs H, W >= 16, got {tuple(input_shape)}"
+            )
+        blocks: list[nn.Module] = []
+        for i in range(4):
+            blocks += [nn.Conv2d(channels if i == 0 else 64, 64, kernel_size=3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+        body = nn.Sequential(*blocks, nn.Flatten())
+        super().__init__(body, 64 * (height // 16) * (width // 16), num_classes)
+
+
+MODELS = {"mclr": MCLR, "dnn": DNN, "cnn": CNN, "mlp": MLP, "pflego_cnn": PflegoCNN, "conv4": Conv4}
 
 
 def build_model(model_cfg: Mapping, input_shape: Sequence[int], num_classes: int) -> nn.Module:
