@@ -48,10 +48,9 @@ class PflegoClient(DeviceClient):
             tau=int(config["local_steps"]), client_lr=float(config["alpha"]), head_lr=float(config["head_lr"]),
         )
         dev.extra["head"] = head.numpy()
-        _, correct, tested = dev.trainer.evaluate(theta + split_head(head), dev.x_test, dev.y_test)
         arrays, meta = pack("gradient", to_ndarrays(g_theta))
         return arrays, len(dev.y_train), {**meta, "device_id": dev.device_id, "train_loss": loss,
-                                          "fit_test_correct": correct, "fit_test_samples": tested}
+                                          **self.fit_test(theta + split_head(head), config)}
 
     def model_to_test(self, parameters: NDArrays, config: dict[str, Scalar]) -> Params:
         """The PM: the body it is sent (the root's theta) completed by its own head."""

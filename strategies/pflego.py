@@ -152,7 +152,7 @@ class PflegoNodeStrategy(TeamStrategy):
         devices = len(ctx.fed.devices)
         head_lr = float(alg["server_lr"]) * devices / num_sampled(ctx.cfg, devices)
         config = {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "head_lr": head_lr,
-                  "seed": int(ctx.cfg["seed"]), "fit_test": True}
+                  "seed": int(ctx.cfg["seed"]), "fit_test": bool(alg.get("fit_test", True))}
         super().__init__(ctx.payload.main, config, min_fit_fraction=alg.get("min_fit_fraction", 1.0))
 
     def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:

@@ -242,3 +242,19 @@ def test_run_reports_pm_and_the_papers_figure_and_skips_undrawn_subtrees(tmp_pat
     ever = {d for r in records for d in r["devices"]}
     with_head = {int(h.stem.split("-")[1]) for h in (out / "state").glob("device-*.npz") if "extra_head" in np.load(h).files}
     assert with_head == ever  # a head is made and kept by the device's first round, never sent
+
+
+@pytest.mark.parametrize("algorithm", ["fedper", "fedavg"])
+def test_baselines_as_the_paper_runs_them(tmp_path, algorithm):
+    """Local-label K-way heads, the same uniform device draw, and the paper's figure."""
+    base = [o for o in BASE if not o.startswith(("algorithm", "model"))]
+    cfg = compose_cfg(*base, f"algorithm={algorithm}", "model=mlp", "model.hidden=8", "topology.fanout=[3,4]",
+                      "algorithm.local_labels=true", "algorithm.sampling=devices", "algorithm.sample_fraction=0.25",
+                      "algorithm.fit_test=true", "algorithm.local_steps=5", "algorithm.team_rounds=1")
+    run(cfg, tmp_path)
+    last = lines(tmp_path)[-1]
+    assert final_body(tmp_path)[-1].shape == (2,)  # the shared head's bias: K = 2 local classes, not 10
+    assert 0 < last["pflego_accuracy"] <= 1
+    assert 0 < last["pm_accuracy" if algorithm == "fedper" else "gm_accuracy"] <= 1
+    records = [json.loads(r) for r in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [r["devices"] for r in records] == [sample_devices(12, 0.25, int(cfg["seed"]), t) for t in (1, 2, 3)]
