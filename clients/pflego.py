@@ -1,9 +1,10 @@
 """PFLEGO device: keeps its head W_i (K_i x (M+1)) and sends the body's exact gradient.
 
 ``fit`` receives theta, runs ``strategies.pflego.device_round`` (tau - 1 head steps on cached
-features, then the joint gradient, then the head step with rho I/r), keeps W_i, tests
-[theta, new W_i] on its own test split (the paper's evaluation point: after the head update,
-before the root's step) and replies with g_theta (payload ``gradient``) and N_i.
+features, then the joint gradient, then the head step with rho I/r), keeps W_i, and replies
+with g_theta (payload ``gradient``) and N_i. With ``fit_test`` it also tests [theta, new W_i]
+on its own test split: the paper's evaluation point, after the head update and before the
+root's step.
 """
 
 from __future__ import annotations

@@ -147,7 +147,8 @@ class NodeClient(NumPyClient):
         forward = {"devices": config["devices"]} if spec.device_sampling else None
         params, report = run_fit_rounds(strategy, self.children, spec.rounds, sample, round_path, forward)
         model = parameters_to_ndarrays(params)
-        state = {f"w_{i}": a for i, a in enumerate(model)}
+        # A gradient relay (level_models false) keeps no model: its reply is no predictor.
+        state = {f"w_{i}": a for i, a in enumerate(model)} if self.level_models else {}
         if hasattr(strategy, "node_state"):  # e.g. node-optimiser moments (strategies.bhfl)
             state.update(strategy.node_state())
         self.store.save(spec.store_key, state)

@@ -258,3 +258,16 @@ def test_baselines_as_the_paper_runs_them(tmp_path, algorithm):
     assert 0 < last["pm_accuracy" if algorithm == "fedper" else "gm_accuracy"] <= 1
     records = [json.loads(r) for r in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [r["devices"] for r in records] == [sample_devices(12, 0.25, int(cfg["seed"]), t) for t in (1, 2, 3)]
+
+
+def test_ray_simulation_equals_inprocess(tmp_path):
+    """On Ray the root finds the level-1 nodes holding drawn devices through Flower's
+    get_properties (node ids say nothing of the tree); the bodies and PMs equal in-process."""
+    cfg = cfg_of("topology.fanout=[3,4]", "eval_every=3")
+    ray_cfg = {**cfg, "runtime": compose_cfg("runtime=simulation")["runtime"]}
+    ray = run(ray_cfg, tmp_path / "ray")
+    inproc = run(cfg, tmp_path / "inprocess")
+    for a, b in zip(final_body(tmp_path / "ray"), final_body(tmp_path / "inprocess"), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert ray["final"]["pm_accuracy"] == inproc["final"]["pm_accuracy"]
+    assert lines(tmp_path / "ray")[-1]["bytes_up_global"] == lines(tmp_path / "inprocess")[-1]["bytes_up_global"]
