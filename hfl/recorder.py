@@ -1,18 +1,24 @@
 """Run outputs: metrics.jsonl (one line per evaluated global round), summary.json,
-checkpoints and a one-line console report per round."""
+checkpoints, a line per evaluated round for the console, and at the end the run's plots
+and report.md."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import statistics
 from pathlib import Path
 
 import numpy as np
 from flwr.common import NDArrays
 
+from hfl import run_report
+from hfl.console import ROUND, SHOW, round_line
+
 log = logging.getLogger("hfl")
 
+LEVEL = re.compile(r"level([0-9]+)_accuracy")
 TRAFFIC_KEYS = ("bytes_down_global", "bytes_up_global", "bytes_down_team", "bytes_up_team")
 
 
@@ -32,8 +38,14 @@ def _natural(path: str) -> tuple[int, ...]:
     return tuple(int(p) for p in str(path).split(".") if p.isdigit())
 
 
-def _pct(value: float | None) -> str:
-    return "  n/a " if value is None else f"{100 * value:6.2f}"
+def accuracy_keys(lines: list[dict]) -> list[str]:
+    """Every model's accuracy key in the lines (any ``*_accuracy``: an algorithm may evaluate
+    a model of its own), PM, GM and team first and always there (null when absent), then
+    the levels by depth, then the others by name."""
+    found = {key for line in lines for key in line if key.endswith("_accuracy")}
+    levels = sorted((k for k in found if LEVEL.fullmatch(k)), key=lambda k: int(LEVEL.fullmatch(k).group(1)))
+    first = ["pm_accuracy", "gm_accuracy", "team_accuracy", *levels]
+    return first + sorted(found - set(first))
 
 
 class Recorder:
@@ -73,15 +85,21 @@ class Recorder:
             with self.metrics_path.open("a") as f:
                 f.write(json.dumps(line) + "\n")
             np.savez(self.run_dir / "checkpoints" / "global_model.npz", *model, round=np.array(rnd))
-            deeper = "".join(f"  level{d} {_pct(line[f'level{d}_accuracy'])}%" for d in range(2, 10)
-                             if line.get(f"level{d}_accuracy") is not None)
-            log.info(
-                "round %d/%d  PM %s%%  GM %s%%  team %s%%%s  GM loss %.4f  %.2fs",
-                rnd, self.num_rounds, _pct(line.get("pm_accuracy")), _pct(line.get("gm_accuracy")),
-                _pct(line.get("team_accuracy")), deeper, line.get("gm_loss") or float("nan"), seconds,
-            )
+            # The console shows this line (hfl.console); ROUND moves its progress bar.
+            log.info("%s", round_line(line, self.num_rounds), extra={ROUND: rnd, SHOW: "run"})
+        else:
+            log.info("round %d/%d trained, not evaluated, %.2fs", rnd, self.num_rounds, seconds, extra={ROUND: rnd})
         if rnd == self.num_rounds:
             self.write_summary()
+            self.draw()
+
+    def draw(self) -> None:
+        """accuracy.png, loss.png and report.md in the run directory. The run has finished by
+        now: a plotting failure costs the pictures, never the run."""
+        try:
+            run_report.write_run_report(self.run_dir)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - hfl.report fails with SystemExit too
+            log.warning("could not draw the run's plots and report.md in %s: %s", self.run_dir, exc)
 
     def write_summary(self) -> dict:
         def best(key: str) -> float | None:
@@ -89,8 +107,7 @@ class Recorder:
             return max(values) if values else None
 
         last = self.lines[-1] if self.lines else {}
-        levels = sorted({k for line in self.lines for k in line if k.startswith("level") and k.endswith("_accuracy")})
-        keys = ("pm_accuracy", "gm_accuracy", "team_accuracy", *levels)
+        keys = accuracy_keys(self.lines)
         later = self.round_seconds[1:] or self.round_seconds
         summary = {
             **self.meta,

@@ -11,8 +11,12 @@ dataset/model and, per dataset/model, ``<dataset>_<model>_accuracy.png`` and
 
 Model levels: PM (the devices' personal models, ``pm_*`` in metrics.jsonl), the inner
 servers' models of each depth d >= 1 (``level{d}_*``; ``team_*`` is level 1, the teams of
-a 3-tier run), GM (the root's model, ``gm_*``) and GM proxy (the root's model on its proxy
-test set, ``gm_proxy_*``). Any of them may be absent or null in a line.
+a 3-tier run), GM (the root's model, ``gm_*``), GM proxy (the root's model on its proxy
+test set, ``gm_proxy_*``) and any other model an algorithm evaluates (``<name>_accuracy``,
+e.g. ``pflego_accuracy``). Any of them may be absent or null in a line.
+
+hfl-simulate draws every run with these helpers (hfl.run_report): ``accuracy.png``,
+``loss.png`` (a line per model level) and ``report.md`` in the run directory.
 
 Conventions:
 
@@ -57,6 +61,8 @@ import yaml
 
 DASH = "—"
 MODELS = ("pm", "gm")
+# Paper-file keys: pm, gm, and pflego (the PFLEGO paper's figure, our pflego_accuracy).
+PAPER_KEYS = (*MODELS, "pflego")
 KINDS = ("best", "final")
 IGNORED_CONFIG_KEYS = ("seed", "runtime")  # may differ between the seeds of one row
 
@@ -103,20 +109,28 @@ PM = Level("PM", "PM (personalized)", ("pm",))
 GM = Level("GM", "GM (global)", ("gm",))
 GM_PROXY = Level("GM proxy", "GM proxy (root's proxy set)", ("gm_proxy",))
 LEVEL_KEY = re.compile(r"(pm|gm|gm_proxy|team|level([1-9][0-9]*))_(?:accuracy|loss)")
+# Any other model an algorithm evaluates (e.g. pflego_accuracy) is a level of its own;
+# level<d> names outside LEVEL_KEY (level0, level01) are not models.
+OTHER_MODEL_KEY = re.compile(r"(?!level[0-9])([a-z][a-z0-9_]*)_accuracy")
 
 
 def model_levels(keys: Iterable[str]) -> list[Level]:
     """The model levels that these metric names (those with a value) show, in the order
-    PM, level1, level2, ..., GM, GM proxy. team_* is level1: labelled "level1 (team)" when
-    no level1_* name is among the keys, and the fallback of a run without level1_*."""
+    PM, level1, level2, ..., GM, GM proxy, then any other ``<name>_accuracy`` by name.
+    team_* is level1: labelled "level1 (team)" when no level1_* name is among the keys,
+    and the fallback of a run without level1_*."""
+    keys = set(keys)
     prefixes = {match.group(1) for key in keys if (match := LEVEL_KEY.fullmatch(key))}
     depths = {int(prefix.removeprefix("level")) for prefix in prefixes if prefix.startswith("level")}
     if "team" in prefixes:
         depths.add(1)
     inner = [Level(f"level{d}", "level1 (team)" if d == 1 and "level1" not in prefixes else f"level{d}",
                    ("level1", "team") if d == 1 else (f"level{d}",), d) for d in sorted(depths)]
+    known = {"pm", "gm", "gm_proxy", "team"}
+    others = sorted({match.group(1) for key in keys if (match := OTHER_MODEL_KEY.fullmatch(key))} - known)
     return ([level for level in (PM,) if level.prefixes[0] in prefixes] + inner
-            + [level for level in (GM, GM_PROXY) if level.prefixes[0] in prefixes])
+            + [level for level in (GM, GM_PROXY) if level.prefixes[0] in prefixes]
+            + [Level(name, name, (name,)) for name in others])
 
 
 def present_keys(runs: Iterable[Run]) -> set[str]:
@@ -360,12 +374,12 @@ def load_paper(path: str | Path) -> dict[str, dict[str, dict[str, float | None]]
             raise fail(f"{path}: {group}: {shape}")
         paper[str(group)] = {}
         for algorithm, values in algorithms.items():
-            if not isinstance(values, dict) or set(values) - set(MODELS):
+            if not isinstance(values, dict) or set(values) - set(PAPER_KEYS):
                 raise fail(f"{path}: {group}/{algorithm}: {shape}")
             for key, value in values.items():
                 if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
                     raise fail(f"{path}: {group}/{algorithm}/{key}: not a number: {value!r}")
-            paper[str(group)][str(algorithm)] = {m: values.get(m) for m in MODELS}
+            paper[str(group)][str(algorithm)] = {m: values.get(m) for m in PAPER_KEYS}
     return paper
 
 
@@ -389,18 +403,24 @@ def check_paper(paper: dict, groups: dict[tuple[str, str], dict[str, Row]]) -> l
 
 def group_table(rows: dict[str, Row], paper: dict[str, dict[str, float | None]] | None) -> str:
     inner = [level for level in group_levels(rows) if level.depth is not None]
+    # The PFLEGO paper's figure, where runs report it: each run's final mean of its last 10 rounds.
+    pflego = any((run.summary.get("final") or {}).get("pflego_accuracy") is not None
+                 for row in rows.values() for run in row.runs)
+    paper_keys = [k for k in PAPER_KEYS if k in MODELS or any(v.get(k) is not None for v in (paper or {}).values())]
     header = ["algorithm", "PM best", "PM final", "GM best", "GM final"] + [f"{level.name} final" for level in inner]
+    header += ["pflego final"] if pflego else []
     if paper is not None:
-        header += ["paper PM", "paper GM"]
+        header += [f"paper {k if k == 'pflego' else k.upper()}" for k in paper_keys]
     header += ["seeds", "rounds"]
     lines = ["| " + " | ".join(header) + " |",
              "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
     for row in rows.values():
         stats = [row_stat(row, m, k) for m in MODELS for k in KINDS] + [level_final_stat(row, lv) for lv in inner]
+        stats += [row_stat(row, "pflego", "final")] if pflego else []
         cells = [row.algorithm] + [format_stat(stat, len(row.runs)) for stat in stats]
         if paper is not None:
             ours = paper.get(row.algorithm, {})
-            cells += [DASH if ours.get(m) is None else f"{ours[m]:.2f}" for m in MODELS]
+            cells += [DASH if ours.get(m) is None else f"{ours[m]:.2f}" for m in paper_keys]
         cells += [_seeds_text(row), _rounds_text(row)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -449,15 +469,10 @@ def levels_figure(rows: dict[str, Row], levels: Sequence[Level], quantity: str, 
                   title: str):
     """A matplotlib Figure with one panel per level (in a grid of at most 3 columns), one line
     per algorithm with its seeds' min-max band."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
     colors = {algorithm: f"C{i % 10}" for i, algorithm in enumerate(rows)}
     columns = len(levels) if len(levels) <= 3 else math.ceil(math.sqrt(len(levels)))
     grid_rows = math.ceil(len(levels) / columns)
-    fig = Figure(figsize=(5 * columns, 4 * grid_rows), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure(5 * columns, 4 * grid_rows)
     for index, level in enumerate(levels, start=1):
         ax = fig.add_subplot(grid_rows, columns, index)
         for algorithm, row in rows.items():
@@ -471,20 +486,37 @@ def levels_figure(rows: dict[str, Row], levels: Sequence[Level], quantity: str, 
             if n > 1:
                 ax.fill_between(rounds, [scale * v for v in low], [scale * v for v in high],
                                 color=colors[algorithm], alpha=0.2, linewidth=0)
-        ax.set_title(f"{level.label} {quantity}")
-        ax.set_xlabel("global round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize="small")
-        else:
-            ax.set_xticks([])
-            ax.set_yticks([])
-            ax.text(0.5, 0.5, f"no {level.name} {quantity} in these runs", ha="center", va="center",
-                    transform=ax.transAxes, color="gray")
+        finish_axes(ax, f"{level.label} {quantity}", ylabel, f"no {level.name} {quantity} in these runs")
     fig.suptitle(title)
     return fig
+
+
+def new_figure(width: float, height: float):
+    """A matplotlib Figure on the Agg canvas: no pyplot, so no display and no global state
+    (safe in a server thread)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def finish_axes(ax, title: str, ylabel: str, empty: str) -> None:  # noqa: ANN001 - a matplotlib Axes
+    """Titles, integer round ticks, grid and legend; an axes with no line says so instead."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_title(title)
+    ax.set_xlabel("global round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize="small")
+    else:
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
 def plot_group(rows: dict[str, Row], dataset: str, model: str, out_dir: Path) -> list[str]:

@@ -5,21 +5,28 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
 from flwr.server import Server
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from hfl import console
 from hfl.apps import CONF_DIR, build_global_strategy, make_client_app, make_server_app
 from hfl.config import validate
 from hfl.errors import ConfigError, DatasetNotFoundError
 from hfl.inprocess import InProcessClientProxy, client_manager_of
 from hfl.node import build_team_node, check_tree, federation_for, initial_model
+from hfl.report import load_run
 
 log = logging.getLogger("hfl")
+ray_actors = logging.getLogger("ray.actors")
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def run_inprocess(cfg: Mapping, run_dir: Path) -> None:
@@ -38,23 +45,66 @@ def run_inprocess(cfg: Mapping, run_dir: Path) -> None:
     server.fit(num_rounds=int(cfg["global_rounds"]), timeout=None)
 
 
+def _actor_lines_to_log(data: dict, ignore_prefix: bool = False) -> None:
+    """Ray's driver prints what its actors write ("(ClientAppActor pid=...) ..." lines) on its
+    own stdout/stderr; this logs them instead (stderr lines as warnings)."""
+    import ray._private.worker as ray_worker
+
+    lines = data.get("lines", [])
+    if data.get("pid") == "autoscaler":  # as Ray does: its events, not its periodic status dumps
+        lines = getattr(ray_worker, "filter_autoscaler_events", list)(lines)
+    name = data.get("actor_name") or data.get("task_name")
+    prefix = f"({name} pid={data.get('pid')})" if name else f"({data.get('pid')})"
+    level = logging.WARNING if data.get("is_err") else logging.INFO
+    for line in lines:
+        ray_actors.log(level, "%s %s", prefix, ANSI_ESCAPE.sub("", line))  # Flower colours its actors' lines
+
+
+@contextmanager
+def ray_output_to_log() -> Iterator[dict]:
+    """Ray's own log lines and its actors' output go to the logging tree (the run's log file)
+    rather than straight to the console; yields the ``ray.init`` arguments that keep Ray from
+    configuring its logger again. Ray's actor printer is private: should it move, its lines
+    stay on the console and nothing breaks."""
+    import ray._private.worker as ray_worker
+
+    ray_logger = logging.getLogger("ray")
+    saved = list(ray_logger.handlers), ray_logger.propagate, ray_logger.level
+    printer = getattr(ray_worker, "print_to_stdstream", None)
+    ray_logger.handlers.clear()
+    ray_logger.propagate, ray_logger.level = True, logging.INFO
+    if printer is not None:
+        ray_worker.print_to_stdstream = _actor_lines_to_log
+    try:
+        yield {"configure_logging": False}
+    finally:
+        ray_logger.handlers[:] = saved[0]
+        ray_logger.propagate, ray_logger.level = saved[1:]
+        if printer is not None:
+            ray_worker.print_to_stdstream = printer
+
+
 def run_simulation(cfg: Mapping, run_dir: Path) -> None:
     """Flower's Simulation Runtime (Ray): one SuperNode per team."""
     from flwr.simulation import run_simulation as flwr_run_simulation
 
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     runtime = cfg["runtime"]
+    verbose = bool(runtime.get("verbose", False))
     init_args: dict = {"include_dashboard": False}
     if runtime.get("ray_tmp_dir"):
         init_args["_temp_dir"] = str(runtime["ray_tmp_dir"])
-    flwr_run_simulation(
-        server_app=make_server_app(cfg, run_dir),
-        client_app=make_client_app(cfg),
-        num_supernodes=len(federation_for(cfg).teams),
-        backend_config={"client_resources": {"num_cpus": runtime["num_cpus_per_team"], "num_gpus": 0.0},
-                        "init_args": init_args},
-        verbose_logging=bool(runtime.get("verbose", False)),
-    )
+    # Ray's lines always reach the log file; runtime.verbose lets the console show them too
+    # (hfl.console), and Flower's DEBUG lines, which the log file always has.
+    with ray_output_to_log() as logging_args:
+        flwr_run_simulation(
+            server_app=make_server_app(cfg, run_dir),
+            client_app=make_client_app(cfg),
+            num_supernodes=len(federation_for(cfg).teams),
+            backend_config={"client_resources": {"num_cpus": runtime["num_cpus_per_team"], "num_gpus": 0.0},
+                            "init_args": {**init_args, **logging_args}},
+            verbose_logging=verbose,
+        )
 
 
 def run(cfg: Mapping, run_dir: str | Path) -> dict:
@@ -70,8 +120,9 @@ def run(cfg: Mapping, run_dir: str | Path) -> dict:
     check_tree(cfg, fed.tree)
     initial_model(cfg, fed)  # the model must fit the data before any process starts
     cfg["runtime"]["state_dir"] = str(run_dir / "state")
-    log.info("hfl: %s on %s/%s, a tree of depth %d with %d level-1 nodes and %d devices -> %s", cfg["algorithm"]["name"],
-             cfg["dataset"]["name"], cfg["model"]["name"], fed.tree.depth, len(fed.teams), len(fed.devices), run_dir)
+    log.info("hfl: %s on %s/%s, a tree of depth %d with %d level-1 nodes and %d devices, %d global rounds -> %s",
+             cfg["algorithm"]["name"], cfg["dataset"]["name"], cfg["model"]["name"], fed.tree.depth, len(fed.teams),
+             len(fed.devices), cfg["global_rounds"], console.shown_path(run_dir), extra={console.SHOW: "run"})
     (run_dir / "state").mkdir(parents=True, exist_ok=True)
     (run_inprocess if cfg["runtime"]["name"] == "inprocess" else run_simulation)(cfg, run_dir)
     summary_path = run_dir / "summary.json"
@@ -84,24 +135,43 @@ def run(cfg: Mapping, run_dir: str | Path) -> dict:
     return summary
 
 
+def console_mode(cfg: DictConfig) -> str:
+    """verbose (runtime.verbose=true: everything, as Flower and Ray print it), multirun
+    (Hydra -m: one line per job) or run (a line per evaluated round, a bar, a table)."""
+    if cfg.runtime.get("verbose", False):
+        return "verbose"
+    return "multirun" if HydraConfig.get().mode == RunMode.MULTIRUN else "run"
+
+
+def report_run(run_dir: Path) -> None:
+    """The summary table (a single run) or the job's line (multirun), on the console and in
+    the log file."""
+    run = load_run(run_dir)
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        line = console.job_line(run, hydra_cfg.job.num)
+        log.info("%s", line, extra={console.SHOW: "multirun"})
+    else:
+        table = console.summary_renderable(run, console.log_file())
+        log.info("%s", console.plain_text(table), extra={console.SHOW: "run", console.RENDER: table})
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    # Hydra's root handlers already print and file Flower's records; drop Flower's own
-    # console handler so that each line appears once.
-    flwr_logger = logging.getLogger("flwr")
-    for handler in list(flwr_logger.handlers):
-        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-            flwr_logger.removeHandler(handler)
+    handler = console.install(console_mode(cfg))
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    rounds = cfg.get("global_rounds")  # not validated yet: a bad value is run()'s to report
     try:
-        summary = run(OmegaConf.to_container(cfg, resolve=True), HydraConfig.get().runtime.output_dir)
+        with handler.progress(rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None):
+            summary = run(OmegaConf.to_container(cfg, resolve=True), run_dir)
     except (ConfigError, DatasetNotFoundError) as exc:
-        # Bad input is the user's to fix: the message, not a traceback (exit status 1).
-        log.error("%s", exc)
+        # Bad input is the user's to fix: the message, not a traceback (exit status 1); the
+        # console gets it once, from SystemExit.
+        log.error("%s", exc, extra={console.SHOW: "file"})
         raise SystemExit(f"hfl-simulate: {exc}") from None
-    log.info("hfl: final PM %s GM %s, best PM %s GM %s, %.2f s/round",
-             summary["final"]["pm_accuracy"], summary["final"]["gm_accuracy"],
-             summary["best"]["pm_accuracy"], summary["best"]["gm_accuracy"], summary["seconds_per_round"] or 0)
-    return summary["best"]["pm_accuracy"] or summary["best"]["gm_accuracy"]
+    report_run(run_dir)
+    best = summary["best"]
+    return best.get("pm_accuracy") or best.get("gm_accuracy")
 
 
 if __name__ == "__main__":

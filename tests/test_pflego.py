@@ -271,3 +271,17 @@ def test_ray_simulation_equals_inprocess(tmp_path):
         np.testing.assert_array_equal(a, b)
     assert ray["final"]["pm_accuracy"] == inproc["final"]["pm_accuracy"]
     assert lines(tmp_path / "ray")[-1]["bytes_up_global"] == lines(tmp_path / "inprocess")[-1]["bytes_up_global"]
+
+
+def test_hfl_report_shows_the_papers_figure_beside_the_paper(tmp_path):
+    from hfl import report
+
+    run(cfg_of("topology.fanout=[3,4]", "global_rounds=2"), tmp_path / "run")
+    paper = tmp_path / "paper.yaml"
+    paper.write_text("synthetic/mlp:\n  pflego: {pflego: 98.43}\n")
+    assert report.main([str(tmp_path / "run"), "--out", str(tmp_path / "rep"), "--paper", str(paper)]) == 0
+    table = [line for line in (tmp_path / "rep" / "report.md").read_text().splitlines() if line.startswith("|")]
+    header, row = [c.strip() for c in table[0].split("|")], [c.strip() for c in table[2].split("|")]
+    ours = json.loads((tmp_path / "run" / "summary.json").read_text())["final"]["pflego_accuracy"]
+    assert row[header.index("pflego final")] == f"{100 * ours:.2f}"
+    assert row[header.index("paper pflego")] == "98.43"
