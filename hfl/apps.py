@@ -21,6 +21,7 @@ from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.strategy import Strategy
 
+from hfl import schema
 from hfl.config import load_module, validate
 from hfl.errors import ConfigError
 from hfl.deploy.wiring import deployed_client, team_server_components, tier_of
@@ -29,6 +30,7 @@ from hfl.recorder import Recorder
 from hfl.sampling import DeviceDraw
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+schema.register()  # conf/'s files extend the schemas: whoever composes from CONF_DIR needs them stored
 log = logging.getLogger("hfl")
 
 
@@ -81,6 +83,7 @@ def compose_config(overrides: str, run_id: int) -> dict:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    schema.register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = OmegaConf.to_container(compose("config", overrides=shlex.split(overrides)), resolve=True)
     validate(cfg)

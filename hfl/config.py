@@ -10,6 +10,8 @@ from typing import Any
 
 from hfl.errors import ConfigError
 
+MISSING = "???"  # OmegaConf's mark for a value no config gave (omegaconf.MISSING)
+
 RUNTIMES = ("simulation", "inprocess", "deployment")
 
 
@@ -24,9 +26,12 @@ def check_number(
     open_max: bool = False,
 ) -> Any:
     """``value`` if it is an integer (or any number) within the bounds; else a ConfigError
-    naming ``key``. Booleans are rejected: YAML's ``true`` for a count is a typo."""
+    naming ``key``. Booleans are rejected: YAML's ``true`` for a count is a typo; so are NaN and
+    infinities, whatever the bounds."""
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
         raise ConfigError(key, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(key, f"must be a finite number, got {value}")
     if value < minimum or value > maximum or (open_min and value == minimum) or (open_max and value == maximum):
         if maximum == math.inf:
             allowed = f"{'>' if open_min else '>='} {minimum}"
@@ -91,13 +96,30 @@ def _check_levels(alg: Mapping) -> None:
     for i, value in enumerate(values):
         key = f"algorithm.sample_fraction[{i}]" if isinstance(fraction, list | tuple) else "algorithm.sample_fraction"
         check_number(key, value, minimum=0, maximum=1, open_min=True)
-        if not math.isfinite(value):
-            raise ConfigError(key, f"must be finite, got {value}")
+
+
+def check_finite(value: Any, key: str = "") -> None:
+    """Refuse, naming its key, every NaN or infinite number anywhere in ``value`` (nested
+    mappings and lists; list entries are named ``key[i]``), and every value a schema left
+    missing (``???``: no config file or override gave one)."""
+    if isinstance(value, Mapping):
+        for name, item in value.items():
+            check_finite(item, f"{key}.{name}" if key else str(name))
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            check_finite(item, f"{key}[{i}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(key, f"must be a finite number, got {value}")
+    elif isinstance(value, str) and value == MISSING:
+        raise ConfigError(key, "missing: no value given (conf/ or an override must set it)")
 
 
 def validate(cfg: Mapping) -> None:
-    """Raise ConfigError naming the first invalid key. Data and topology keys are checked by
-    ``hfl.data.build_federation`` when the federation is built (also before training)."""
+    """Raise ConfigError naming the first invalid key. Types are the schema's (hfl/schema.py,
+    checked by Hydra while composing); this checks what a type cannot say. Data and topology
+    keys are checked by ``hfl.data.build_federation`` when the federation is built (also
+    before training)."""
+    check_finite(cfg)
     _number(cfg, "global_rounds", minimum=1, integer=True)
     _number(cfg, "eval_every", minimum=1, integer=True)
     _number(cfg, "seed", minimum=0, integer=True)

@@ -13,10 +13,11 @@ from pathlib import Path
 import hydra
 from flwr.server import Server
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from hfl import console
+from hfl import console, schema
 from hfl.apps import CONF_DIR, build_global_strategy, make_client_app, make_server_app
 from hfl.config import validate
 from hfl.errors import ConfigError, DatasetNotFoundError
@@ -156,8 +157,23 @@ def report_run(run_dir: Path) -> None:
         log.info("%s", console.plain_text(table), extra={console.SHOW: "run", console.RENDER: table})
 
 
+# Set by main() while Hydra composes, so that a composition error reaches main() rather than
+# Hydra's own multi-line report; the job itself runs without it (see main).
+FULL_ERROR = "HYDRA_FULL_ERROR"
+_full_error_is_ours = False
+
+
+def _composed() -> None:
+    """The config is composed: Hydra reports any later error as it always does."""
+    global _full_error_is_ours
+    if _full_error_is_ours:
+        os.environ.pop(FULL_ERROR, None)
+        _full_error_is_ours = False
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def main(cfg: DictConfig) -> float | None:
+def task(cfg: DictConfig) -> float | None:
+    _composed()
     handler = console.install(console_mode(cfg))
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     rounds = cfg.get("global_rounds")  # not validated yet: a bad value is run()'s to report
@@ -172,6 +188,30 @@ def main(cfg: DictConfig) -> float | None:
     report_run(run_dir)
     best = summary["best"]
     return best.get("pm_accuracy") or best.get("gm_accuracy")
+
+
+def main() -> None:
+    """``hfl-simulate``: Hydra composes the config against the schema (hfl/schema.py) and runs
+    ``task``. A value of the wrong type or an unknown key is refused while composing, before
+    ``task`` starts: printed as one line naming the key, exit status 1, as ``run`` reports
+    every other bad value (NaN and infinities included); Hydra's other composition errors (an
+    unknown option) are printed as Hydra words them. ``HYDRA_FULL_ERROR=1`` in the environment
+    keeps Hydra's full report."""
+    global _full_error_is_ours
+    schema.register()
+    if os.environ.get(FULL_ERROR):
+        task()
+        return
+    os.environ[FULL_ERROR], _full_error_is_ours = "1", True  # Hydra raises composition errors to us
+    try:
+        task()
+    except Exception as exc:  # only composition errors get here (the task's own go through Hydra)
+        error = schema.config_error(exc)
+        if error is None and not isinstance(exc, CompactHydraException):
+            raise
+        raise SystemExit(f"hfl-simulate: {error or exc}") from None
+    finally:
+        _composed()
 
 
 if __name__ == "__main__":

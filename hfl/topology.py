@@ -6,6 +6,8 @@ Formations (``topology.formation``):
   (PerMFL's setting: 4 teams x 10 devices, teams drawn at random).
 - ``by_label``: team ``t`` is the contiguous id block ``[t*dpt, (t+1)*dpt)``; the data
   layer gives its devices only the labels in ``team_labels[t]`` (PerMFL Table 2).
+- ``sequential``: ``num_teams`` contiguous id blocks (sizes differ by at most one): the teams
+  of the authors' code without shuffling, and the clusters of ``dataset=synthetic_multilevel``.
 - ``explicit``: ``teams`` lists the device ids of every team.
 - ``tree``: a tree of any depth (hfl.tree): ``fanout`` (children per node at each depth, root
   first; the last entry is devices per lowest-level server), formed at random (seeded), or
@@ -21,12 +23,14 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from hfl.config import check_number
 from hfl.errors import ConfigError
 from hfl.seed import rng
 from hfl.tree import Tree, check_fanout, from_fanout, from_nested, from_teams
 
-FORMATIONS = ("random", "by_label", "explicit", "tree")
+FORMATIONS = ("random", "sequential", "by_label", "explicit", "tree")
 
 
 def _int(cfg: Mapping, key: str, *, minimum: int = 1, required: bool = True) -> int | None:
@@ -157,8 +161,9 @@ def form_teams(num_devices: int, topology_cfg: Mapping, seed: int) -> list[list[
         team_labels(topology_cfg)  # validate early; the data layer uses the labels
         return [list(range(t * per_team, (t + 1) * per_team)) for t in range(num_teams)]
 
-    # random: sizes differ by at most one when devices_per_team is left null.
-    order = rng(seed, "topology", "random").permutation(num_devices)
+    # random / sequential: sizes differ by at most one when devices_per_team is left null.
+    order = (np.arange(num_devices) if formation == "sequential"
+             else rng(seed, "topology", "random").permutation(num_devices))
     bounds = [round(t * num_devices / num_teams) for t in range(num_teams + 1)]
     return [sorted(int(d) for d in order[bounds[t] : bounds[t + 1]]) for t in range(num_teams)]
 

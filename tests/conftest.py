@@ -6,6 +6,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from hfl import schema
 from hfl.apps import CONF_DIR
 
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
@@ -25,6 +26,7 @@ SMALL = [
 
 
 def compose_cfg(*overrides: str) -> dict:
+    schema.register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from hfl import topology
-from hfl.data import synthetic, vision
+from hfl.data import multilevel, synthetic, vision
 from hfl.data.partition import (
     classes_of_devices,
     partition_by_classes,
@@ -28,7 +28,8 @@ from hfl.errors import ConfigError
 from hfl.seed import derive_seed, rng
 from hfl.tree import Tree
 
-DATASETS = ("synthetic", *vision.SPECS)
+GENERATED = ("synthetic", "synthetic_multilevel")  # made from the seed, nothing on disk
+DATASETS = (*GENERATED, *vision.SPECS)
 PARTITIONS = ("classes", "dirichlet", "iid", "natural", "roundrobin")
 
 
@@ -120,7 +121,23 @@ def _load_synthetic(cfg: Mapping, num_devices: int, seed: int):
         min_samples=_int(cfg, "min_samples", 50, 0),
         max_samples=_int(cfg, "max_samples", None, 2, nullable=True),
     )
-    data = synthetic.generate(num_devices, seed, **params)
+    if cfg.get("name") == "synthetic_multilevel":
+        del params["alpha"]  # the model's structure comes from the scales instead
+        clusters = _get(cfg, "clusters", [4])
+        scales = _get(cfg, "scales", [1.0, 1.0, 0.5])
+        if not isinstance(clusters, Sequence) or isinstance(clusters, str):
+            raise ConfigError("dataset.clusters", f"must be a list of cluster counts per level, got {clusters!r}")
+        if not isinstance(scales, Sequence) or isinstance(scales, str):
+            raise ConfigError("dataset.scales", f"must be a list of standard deviations, got {scales!r}")
+        for i, value in enumerate(scales):
+            if not math.isfinite(check_number(f"dataset.scales[{i}]", value, minimum=0.0)):
+                raise ConfigError(f"dataset.scales[{i}]", f"must be finite, got {value}")
+        for i, value in enumerate(clusters):
+            check_number(f"dataset.clusters[{i}]", value, integer=True, minimum=1)
+        data = multilevel.generate(num_devices, seed, clusters=clusters, scales=[float(v) for v in scales],
+                                   beta=params.pop("beta"), **params)
+    else:
+        data = synthetic.generate(num_devices, seed, **params)
     bounds = np.cumsum([0] + [len(y) for _, y in data])
     natural = [np.arange(bounds[i], bounds[i + 1]) for i in range(num_devices)]
     x = np.concatenate([x for x, _ in data])
@@ -164,8 +181,8 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
     teams = tree.teams
     by_label = topology_cfg.get("formation") == "by_label"
 
-    partition = _choice(dataset_cfg, "partition", "natural" if name == "synthetic" else "classes", PARTITIONS, "partition")
-    if partition == "natural" and name != "synthetic":
+    partition = _choice(dataset_cfg, "partition", "natural" if name in GENERATED else "classes", PARTITIONS, "partition")
+    if partition == "natural" and name not in GENERATED:
         raise ConfigError("dataset.partition", f"'natural' exists only for synthetic data, not {name}")
     if by_label and partition != "classes":
         raise ConfigError(
@@ -177,7 +194,7 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
     dirichlet_alpha = _float(dataset_cfg, "dirichlet_alpha", 0.5, 0.0, open_lo=True)
     proxy_fraction = _float(dataset_cfg, "proxy_fraction", 0.0, 0.0, 1.0)
 
-    if name == "synthetic":
+    if name in GENERATED:
         x, y, input_shape, num_classes, natural, to_float = _load_synthetic(dataset_cfg, num_devices, seed)
     else:
         x, y, input_shape, num_classes, natural, to_float = _load_vision(dataset_cfg, name)
