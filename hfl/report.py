@@ -404,8 +404,7 @@ def check_paper(paper: dict, groups: dict[tuple[str, str], dict[str, Row]]) -> l
 def group_table(rows: dict[str, Row], paper: dict[str, dict[str, float | None]] | None) -> str:
     inner = [level for level in group_levels(rows) if level.depth is not None]
     # The PFLEGO paper's figure, where runs report it: each run's final mean of its last 10 rounds.
-    pflego = any((run.summary.get("final") or {}).get("pflego_accuracy") is not None
-                 for row in rows.values() for run in row.runs)
+    pflego = any(final_value(run, ("pflego_accuracy",)) is not None for row in rows.values() for run in row.runs)
     paper_keys = [k for k in PAPER_KEYS if k in MODELS or any(v.get(k) is not None for v in (paper or {}).values())]
     header = ["algorithm", "PM best", "PM final", "GM best", "GM final"] + [f"{level.name} final" for level in inner]
     header += ["pflego final"] if pflego else []
@@ -416,7 +415,7 @@ def group_table(rows: dict[str, Row], paper: dict[str, dict[str, float | None]] 
              "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
     for row in rows.values():
         stats = [row_stat(row, m, k) for m in MODELS for k in KINDS] + [level_final_stat(row, lv) for lv in inner]
-        stats += [row_stat(row, "pflego", "final")] if pflego else []
+        stats += [percent_stat(final_value(run, ("pflego_accuracy",)) for run in row.runs)] if pflego else []
         cells = [row.algorithm] + [format_stat(stat, len(row.runs)) for stat in stats]
         if paper is not None:
             ours = paper.get(row.algorithm, {})

@@ -69,3 +69,18 @@ def test_federation_from_the_generator_is_seeded_and_labels_follow_the_models():
     y = np.concatenate([dev.y_train.numpy(), dev.y_test.numpy()])
     w = models[7]
     np.testing.assert_array_equal(np.sort(np.argmax(x @ w[:, :-1].T + w[:, -1], axis=1)), np.sort(y))
+
+
+def test_the_demo_shows_pm_above_team_above_gm_and_all_learning(tmp_path):
+    """make run's experiment=demo, shortened to 6 in-process rounds."""
+    import json
+
+    from hfl.simulate import run
+
+    run(compose_cfg("experiment=demo", "runtime=inprocess", "global_rounds=6"), tmp_path)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for line in lines:
+        assert line["pm_accuracy"] > line["team_accuracy"] > line["gm_accuracy"]
+    for key in ("pm_accuracy", "team_accuracy", "gm_accuracy"):
+        assert lines[-1][key] > lines[0][key] + 0.01
+    assert lines[-1]["gm_accuracy"] > 0.15 and lines[-1]["pm_accuracy"] > 0.5  # 10 classes: chance is 0.1
