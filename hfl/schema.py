@@ -260,6 +260,7 @@ class SyntheticDatasetConfig(DatasetConfig):
     size_mean: float = MISSING
     min_samples: int = MISSING
     max_samples: Optional[int] = MISSING
+    size_scale: int = MISSING
 
 
 @dataclass

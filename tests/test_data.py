@@ -461,3 +461,15 @@ def test_bad_proxy_fraction_names_the_key(fraction, text):
     with pytest.raises(ConfigError) as err:
         build_federation({**SMALL_SYNTH, "proxy_fraction": fraction}, RANDOM_4X10, seed=0)
     assert err.value.key == "dataset.proxy_fraction" and text in str(err.value), str(err.value)
+
+
+def test_synthetic_size_scale_multiplies_every_devices_samples():
+    """dataset.size_scale=5: the PerMFL authors' Synthetic devices, five times FedProx's."""
+    from hfl.data.synthetic import generate_device
+
+    params = dict(alpha=0.5, beta=0.5, num_features=60, num_classes=10, size_mean=4.0, size_sigma=2.0,
+                  min_samples=50, max_samples=None)
+    for device in range(5):
+        one = generate_device(0, device, **params)
+        five = generate_device(0, device, **params, size_scale=5)
+        assert len(five[1]) == 5 * len(one[1])

@@ -121,6 +121,8 @@ def _load_synthetic(cfg: Mapping, num_devices: int, seed: int):
         min_samples=_int(cfg, "min_samples", 50, 0),
         max_samples=_int(cfg, "max_samples", None, 2, nullable=True),
     )
+    if cfg.get("name") == "synthetic":
+        params["size_scale"] = _int(cfg, "size_scale", 1, 1)
     if cfg.get("name") == "synthetic_multilevel":
         del params["alpha"]  # the model's structure comes from the scales instead
         clusters = _get(cfg, "clusters", [4])

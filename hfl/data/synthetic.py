@@ -6,7 +6,9 @@ For device k:
     v_k ~ N(B_k, 1)  shape (d,)
     x   ~ N(v_k, Sigma),  Sigma diagonal, Sigma_jj = j^-1.2
     y   = argmax(W_k x + b_k)
-    n_k = int(lognormal(size_mean, size_sigma)) + min_samples, capped at max_samples.
+    n_k = (int(lognormal(size_mean, size_sigma)) + min_samples) * size_scale, capped at max_samples.
+
+size_scale = 5 gives the PerMFL authors' devices (their generator multiplies FedProx's sizes by 5).
 
 alpha controls how much the local models differ, beta how much the local inputs differ.
 """
@@ -30,6 +32,7 @@ def generate_device(
     size_sigma: float,
     min_samples: int,
     max_samples: int | None,
+    size_scale: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Samples ``(x float32 (n, d), y int64 (n,))`` of one device.
 
@@ -37,7 +40,7 @@ def generate_device(
     many devices the federation has.
     """
     g = rng(seed, "synthetic", device_id)
-    n = int(g.lognormal(size_mean, size_sigma)) + min_samples
+    n = (int(g.lognormal(size_mean, size_sigma)) + min_samples) * size_scale
     if max_samples is not None:
         n = min(n, max_samples)
     u = g.normal(0.0, alpha)
