@@ -201,7 +201,9 @@ class GlobalStrategy(Strategy):
         drawn = self.device_sampling.draw(server_round)
         for proxy in teams:
             if proxy.cid not in self._paths:  # Flower's node ids say nothing of the tree: ask once
-                props = proxy.get_properties(GetPropertiesIns({}), timeout=self.team_wait_seconds, group_id=server_round)
+                # No timeout, as for fit: Flower makes it the message's TTL, and a node's first message
+                # (building its subtree, on a busy machine) can take longer than team_wait_seconds.
+                props = proxy.get_properties(GetPropertiesIns({}), timeout=None, group_id=server_round)
                 self._paths[proxy.cid] = str(props.properties["path"])
         wanted = set(drawn)
         asked = [p for p in teams if self.device_sampling.holds[self._paths[p.cid]] & wanted]
