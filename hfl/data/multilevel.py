@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hfl.data.synthetic import device_size, labeled_samples
 from hfl.errors import ConfigError
 from hfl.seed import rng
 
@@ -70,14 +71,10 @@ def generate(
     if len(scales) != len(counts) + 2:
         raise ConfigError("dataset.scales", f"needs {len(counts) + 2} entries (global, one per cluster level, "
                                             f"device), got {len(scales)}")
-    std = np.arange(1, num_features + 1, dtype=np.float64) ** -0.6
     models = true_models(num_devices, seed, counts, scales, (num_classes, num_features + 1))
     out = []
     for d, w in enumerate(models):
         g = rng(seed, "multilevel", "samples", d)
-        n = int(g.lognormal(size_mean, size_sigma)) + min_samples
-        n = n if max_samples is None else min(n, max_samples)
-        x = g.normal(0.0, beta, size=num_features) + g.standard_normal((n, num_features)) * std
-        y = np.argmax(x @ w[:, :-1].T + w[:, -1], axis=1)
-        out.append((x.astype(np.float32), y.astype(np.int64)))
+        n = device_size(g, size_mean, size_sigma, min_samples, max_samples)
+        out.append(labeled_samples(g, g.normal(0.0, beta, size=num_features), w[:, :-1], w[:, -1], n))
     return out

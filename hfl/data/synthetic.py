@@ -40,17 +40,28 @@ def generate_device(
     many devices the federation has.
     """
     g = rng(seed, "synthetic", device_id)
-    n = (int(g.lognormal(size_mean, size_sigma)) + min_samples) * size_scale
-    if max_samples is not None:
-        n = min(n, max_samples)
+    n = device_size(g, size_mean, size_sigma, min_samples, max_samples, size_scale)
     u = g.normal(0.0, alpha)
     shift = g.normal(0.0, beta)
     w = g.normal(u, 1.0, size=(num_classes, num_features))
     b = g.normal(u, 1.0, size=num_classes)
     v = g.normal(shift, 1.0, size=num_features)
+    return labeled_samples(g, v, w, b, n)
+
+
+def device_size(g: np.random.Generator, size_mean: float, size_sigma: float, min_samples: int,
+                max_samples: int | None, size_scale: int = 1) -> int:
+    """(int(lognormal(size_mean, size_sigma)) + min_samples) * size_scale, capped at max_samples."""
+    n = (int(g.lognormal(size_mean, size_sigma)) + min_samples) * size_scale
+    return n if max_samples is None else min(n, max_samples)
+
+
+def labeled_samples(g: np.random.Generator, mean: np.ndarray, w: np.ndarray, b: np.ndarray, n: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """n inputs x ~ N(mean, Sigma), Sigma_jj = j^-1.2, labelled y = argmax(W x + b)."""
     # Diagonal covariance: scale independent standard normals by sqrt(Sigma_jj).
-    std = np.arange(1, num_features + 1, dtype=np.float64) ** -0.6
-    x = v + g.standard_normal((n, num_features)) * std
+    std = np.arange(1, len(mean) + 1, dtype=np.float64) ** -0.6
+    x = mean + g.standard_normal((n, len(mean))) * std
     y = np.argmax(x @ w.T + b, axis=1)
     return x.astype(np.float32), y.astype(np.int64)
 
