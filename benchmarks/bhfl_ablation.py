@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -45,7 +44,9 @@ from reproduce_table1 import (  # noqa: E402  (the sweep runner this script shar
     REPO,
     Job,
     describe,
+    hfl_report,
     hydra_value,
+    parse_seeds,
     pending_jobs,
     run_all,
     split_list,
@@ -105,12 +106,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     args.settings = choose(parser, "--settings", args.settings, list(SETTINGS))
     args.variants = choose(parser, "--variants", args.variants, list(VARIANTS))
-    try:
-        args.seeds = [int(s) for s in split_list(args.seeds)]
-    except ValueError:
-        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
-    if not args.seeds or min(args.seeds) < 0:
-        parser.error("--seeds: need one or more seeds >= 0")
+    args.seeds = parse_seeds(parser, args.seeds)
     for flag in ("rounds", "team_rounds", "local_steps", "jobs"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')}: must be >= 1")
@@ -150,9 +146,7 @@ def report(args: argparse.Namespace, jobs: list[Job]) -> tuple[list[Path], list[
         out_dir = args.out / "report" / setting
         title = (f"B-HFL ablation: {setting}, tree fanout {FANOUT}, {args.rounds} global rounds, "
                  f"team_rounds {args.team_rounds}, local_steps {args.local_steps}")
-        command = tool("hfl-report", "hfl.report") + [str(r) for r in runs] + ["--out", str(out_dir), "--title", title]
-        print(f"\n== {setting}: {shlex.join(command)}", flush=True)
-        if subprocess.run(command, check=False, cwd=REPO).returncode == 0:
+        if hfl_report(setting, runs, out_dir, title):
             written.append(out_dir / "report.md")
         else:
             failed.append(setting)

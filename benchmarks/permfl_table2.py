@@ -14,14 +14,23 @@ resumable, failures recorded in ``<out>/logs/``, exit 1 if any failed):
 from __future__ import annotations
 
 import argparse
-import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reproduce_table1 import MNIST_ROOT, REPO, Job, describe, hydra_value, pending_jobs, run_all, tool  # noqa: E402
+from reproduce_table1 import (  # noqa: E402
+    MNIST_ROOT,
+    REPO,
+    Job,
+    describe,
+    hfl_report,
+    hydra_value,
+    parse_seeds,
+    pending_jobs,
+    run_all,
+    tool,
+)
 
 FORMATIONS = ("worst", "average")
 PAPER = {"worst": (96.86, 80.48), "average": (97.01, 80.86)}  # PM, GM in %
@@ -36,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(REPO / "outputs" / "permfl_table2"))
     parser.add_argument("--mnist-root", default=str(MNIST_ROOT))
     args = parser.parse_args(argv)
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    seeds = parse_seeds(parser, args.seeds)
     out = Path(args.out).resolve()
     simulate = tool("hfl-simulate", "hfl.simulate")
     jobs = []
@@ -55,17 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(pending)} run(s) in {time.perf_counter() - start:.1f} s")
     failed = [job for job in jobs if job.status == "failed"]
     for formation in FORMATIONS:
-        runs = [str(job.run_dir) for job in jobs if job.setting == formation and job.status in ("ok", "done")]
+        runs = [job.run_dir for job in jobs if job.setting == formation and job.status in ("ok", "done")]
         if runs:
             pm, gm = PAPER[formation]
             paper = out / "report" / formation / "paper.yaml"
             paper.parent.mkdir(parents=True, exist_ok=True)
             paper.write_text(f"# PerMFL Table 2, {formation} case\nmnist/mclr:\n  permfl: {{pm: {pm}, gm: {gm}}}\n")
-            command = tool("hfl-report", "hfl.report") + runs + [
-                "--out", str(out / "report" / formation), "--paper", str(paper),
-                "--title", f"PerMFL Table 2, {formation} case, {args.rounds} rounds"]
-            print(shlex.join(command), flush=True)
-            subprocess.run(command, check=False, cwd=REPO)
+            hfl_report(formation, runs, out / "report" / formation,
+                       f"PerMFL Table 2, {formation} case, {args.rounds} rounds", paper)
     for job in jobs:
         print(f"  {describe(job)}")
     return 1 if failed else 0

@@ -30,14 +30,24 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bhfl_ablation import choose  # noqa: E402  (the sweep runner these scripts share)
-from reproduce_table1 import MNIST_ROOT, REPO, Job, describe, hydra_value, pending_jobs, run_all, tool  # noqa: E402
+from reproduce_table1 import (  # noqa: E402
+    MNIST_ROOT,
+    REPO,
+    Job,
+    describe,
+    hfl_report,
+    hydra_value,
+    parse_seeds,
+    pending_jobs,
+    run_all,
+    tool,
+)
 
 PAPERS = Path(__file__).resolve().parent  # pflego_paper_<setting>.yaml
 SETTINGS = {"high": 2, "no": 10}  # personalisation -> classes per device
@@ -69,12 +79,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.settings = choose(parser, "--settings", args.settings, list(SETTINGS))
     args.algorithms = choose(parser, "--algorithms", args.algorithms, list(ALGORITHMS))
-    try:
-        args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
-    if not args.seeds or min(args.seeds) < 0 or args.rounds < 1 or args.jobs < 1 or args.eval_every < 1:
-        parser.error("need seeds >= 0 and --rounds, --jobs, --eval-every >= 1")
+    args.seeds = parse_seeds(parser, args.seeds)
+    if args.rounds < 1 or args.jobs < 1 or args.eval_every < 1:
+        parser.error("--rounds, --jobs and --eval-every must be >= 1")
     args.out, args.mnist_root = Path(args.out).resolve(), Path(args.mnist_root).resolve()
     return args
 
@@ -106,13 +113,10 @@ def report(args: argparse.Namespace, jobs: list[Job]) -> list[str]:
         runs = [job.run_dir for job in jobs if job.setting == setting and job.status in ("ok", "done")]
         if not runs:
             continue
-        out_dir = args.out / "report" / setting
         title = (f"PFLEGO Table 1, MNIST, {setting} personalisation ({SETTINGS[setting]} classes per device), "
                  f"{args.rounds} rounds")
-        command = (tool("hfl-report", "hfl.report") + [str(r) for r in runs]
-                   + ["--out", str(out_dir), "--title", title, "--paper", str(PAPERS / f"pflego_paper_{setting}.yaml")])
-        print(f"\n== {setting}: {shlex.join(command)}", flush=True)
-        if subprocess.run(command, check=False, cwd=REPO).returncode != 0:
+        if not hfl_report(setting, runs, args.out / "report" / setting, title,
+                          PAPERS / f"pflego_paper_{setting}.yaml"):
             failed.append(setting)
     return failed
 

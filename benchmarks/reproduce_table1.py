@@ -98,6 +98,26 @@ def split_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
+def parse_seeds(parser: argparse.ArgumentParser, text: str) -> list[int]:
+    """``--seeds``: one or more comma-separated integers >= 0, or a parser error."""
+    try:
+        seeds = [int(s) for s in split_list(text)]
+    except ValueError:
+        parser.error(f"--seeds: expected comma-separated integers, got {text!r}")
+    if not seeds or min(seeds) < 0:
+        parser.error("--seeds: need one or more seeds >= 0")
+    return seeds
+
+
+def hfl_report(label: str, runs: list[Path], out_dir: Path, title: str, paper: Path | None = None) -> bool:
+    """``hfl-report`` over ``runs`` (run or sweep folders) into ``out_dir``; True if it succeeded."""
+    command = tool("hfl-report", "hfl.report") + [str(r) for r in runs] + ["--out", str(out_dir), "--title", title]
+    if paper is not None:
+        command += ["--paper", str(paper)]
+    print(f"\n== {label}: {shlex.join(command)}", flush=True)
+    return subprocess.run(command, check=False, cwd=REPO).returncode == 0
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -130,12 +150,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if missing or not args.algorithms:
             known = sorted(p.stem for p in (CONF / "algorithm").glob("*.yaml"))
             parser.error(f"--algorithms: unknown {missing or 'empty'}; known: {', '.join(known)}")
-    try:
-        args.seeds = [int(s) for s in split_list(args.seeds)]
-    except ValueError:
-        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
-    if not args.seeds or min(args.seeds) < 0:
-        parser.error("--seeds: need one or more seeds >= 0")
+    args.seeds = parse_seeds(parser, args.seeds)
     if args.rounds is not None and args.rounds < 1:
         parser.error("--rounds: must be >= 1")
     if args.jobs < 1:
@@ -287,12 +302,9 @@ def report(args: argparse.Namespace, jobs: list[Job]) -> list[str]:
             continue
         rounds = sorted({job.rounds for job in jobs if job.setting == setting})
         title = f"PerMFL Table 1 reproduction: {setting} ({', '.join(map(str, rounds))} global rounds)"
-        command = tool("hfl-report", "hfl.report") + [str(folder), "--out", str(args.out / "report" / setting),
-                                                       "--title", title]
-        if args.paper:
-            command += ["--paper", str(paper_for(Path(args.paper), setting, folder, args.out / "report" / setting))]
-        print(f"\n== {setting}: {shlex.join(command)}", flush=True)
-        if subprocess.run(command, check=False, cwd=REPO).returncode != 0:
+        out_dir = args.out / "report" / setting
+        paper = paper_for(Path(args.paper), setting, folder, out_dir) if args.paper else None
+        if not hfl_report(setting, [folder], out_dir, title, paper):
             failed.append(setting)
     return failed
 
