@@ -24,6 +24,15 @@ class DeviceRuntime:
     extra: dict[str, np.ndarray] = field(default_factory=dict)  # other kept state, e.g. node-optimiser moments
     seed: int = 0  # the run's seed (for state a device creates itself, e.g. a personal head)
     classes: list[int] | None = None  # the classes it owns; with local labels, y indexes this list
+    # Validation split (dataset.val_fraction); None -> empty, shaped (0, *input_shape) like x_train.
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.x_val is None:
+            self.x_val = self.x_train.new_empty((0, *self.x_train.shape[1:]))
+        if self.y_val is None:
+            self.y_val = self.y_train.new_empty((0,))
 
     @property
     def key(self) -> str:

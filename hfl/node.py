@@ -45,7 +45,7 @@ def device_classes(fed: Federation, device_id: int) -> list[int]:
     if fed.device_classes is not None:
         return sorted(fed.device_classes[device_id])
     data = fed.devices[device_id]
-    return sorted(set(data.y_train.tolist()) | set(data.y_test.tolist()))
+    return sorted(set(data.y_train.tolist()) | set(data.y_val.tolist()) | set(data.y_test.tolist()))
 
 
 def model_classes(cfg: Mapping, fed: Federation) -> int:
@@ -70,13 +70,14 @@ def device_data(cfg: Mapping, fed: Federation, device_id: int) -> DeviceData:
         return data
     classes = torch.tensor(device_classes(fed, device_id))
     local = {}
-    for split in ("y_train", "y_test"):
+    for split in ("y_train", "y_val", "y_test"):
         y = getattr(data, split)
         idx = torch.searchsorted(classes, y)
         if len(y) and (idx.max() >= len(classes) or not torch.equal(classes[idx], y)):
             raise ValueError(f"device {device_id} holds labels outside its classes {classes.tolist()}")
         local[split] = idx
-    return DeviceData(device_id, data.x_train, local["y_train"], data.x_test, local["y_test"])
+    return DeviceData(device_id, data.x_train, local["y_train"], data.x_test, local["y_test"],
+                      x_val=data.x_val, y_val=local["y_val"])
 
 
 def initial_model(cfg: Mapping, fed: Federation) -> NDArrays:
@@ -90,7 +91,7 @@ def device_runtime(cfg: Mapping, device_id: int, data: DeviceData, trainer: Loca
     """A device with its data, its seeded minibatch sampler and its saved state (if any)."""
     sampler = BatchSampler(len(data.y_train), int(cfg["dataset"]["batch_size"]), derive_seed(cfg["seed"], "batches", device_id))
     device = DeviceRuntime(device_id, data.x_train, data.y_train, data.x_test, data.y_test, trainer, sampler,
-                           seed=int(cfg["seed"]), classes=classes)
+                           seed=int(cfg["seed"]), classes=classes, x_val=data.x_val, y_val=data.y_val)
     device.load(store)
     return device
 
@@ -198,7 +199,8 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
     return NodeClient(spec, client_manager_of(proxies), make_strategy, store,
                       personalized=bool(alg["personalized"]), global_model=bool(alg.get("global_model", True)),
                       persist=persist, holds=holds, pm_base=alg.get("pm_base"),
-                      level_models=bool(alg.get("level_models", True)))
+                      level_models=bool(alg.get("level_models", True)),
+                      evaluation_context=getattr(strategy_module, "evaluation_context", None))
 
 
 def build_team_node(cfg: Mapping, team_id: int, state_dir: str | Path) -> NodeClient:

@@ -124,6 +124,16 @@ class FedAvgConfig(HierFAVGConfig):
 
 
 @dataclass
+class FedAvgFtConfig(FedAvgConfig):
+    """FedAvg+ (FedAvg, then each device fine-tunes the global model before testing it)."""
+
+    global_model: bool = MISSING
+    pm_base: str = MISSING  # gm: the PM is the global model the node sends, fine-tuned by the device
+    finetune_epochs: int = MISSING
+    finetune_lr: float = MISSING
+
+
+@dataclass
 class FedPerConfig(FedAvgConfig):
     global_model: bool = MISSING
     head_layers: int = MISSING
@@ -224,6 +234,27 @@ class BHFLConfig(HierFAVGConfig):
     proxy_lr: float = MISSING
 
 
+@dataclass
+class FeMAMConfig(HierFAVGConfig):
+    """FeMAM and FeSEM (strategies.femam)."""
+
+    global_model: bool = MISSING
+    level_models: bool = MISSING
+    levels: List[int] = MISSING  # groups per level: 1 = global, K = clusters, 0 = personal (last only)
+    team_level: Optional[int] = MISSING  # 1-based cluster level whose groups are the lowest servers (fixed)
+    assign: str = MISSING  # kmeans | nearest
+    schedule: str = MISSING  # fixed | convergence
+    rounds_per_level: List[int] = MISSING
+    converge_window: int = MISSING
+    converge_tol: float = MISSING
+    local_epochs: Optional[int] = MISSING
+    prox: float = MISSING
+    prune: str = MISSING  # paper | code | none
+    prune_window: int = MISSING
+    kmeans_n_init: int = MISSING
+    level_rounds: Optional[List[int]] = MISSING
+
+
 # ------------------------------------------------------------------------------- dataset
 @dataclass
 class DatasetConfig:
@@ -232,12 +263,18 @@ class DatasetConfig:
     name: str = MISSING
     root: Optional[str] = MISSING
     download: bool = MISSING
-    partition: str = MISSING  # classes | iid | dirichlet | natural | roundrobin (checked by hfl.data)
+    partition: str = MISSING  # classes | iid | dirichlet | natural | roundrobin | clusterwise | multilevel (hfl.data)
     classes_per_device: int = MISSING
     min_per_class: int = MISSING
     size_sigma: float = MISSING
     dirichlet_alpha: float = MISSING
+    min_samples_per_device: int = MISSING  # partition=dirichlet: redraw until every device has this many
+    num_clusters: int = MISSING  # partition=clusterwise: K
+    cluster_classes: int = MISSING  # partition=clusterwise: c classes per cluster
+    level_clusters: List[int] = MISSING  # partition=multilevel: clusters per level, coarse to fine
+    level_classes: Optional[List[int]] = MISSING  # partition=multilevel: classes per cluster per level; null = rule
     train_fraction: float = MISSING
+    val_fraction: float = MISSING  # share of each device's training part held out for validation
     proxy_fraction: float = MISSING
     batch_size: int = MISSING
 
@@ -362,6 +399,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "permfl": PerMFLConfig,
         "hierfavg": HierFAVGConfig,
         "fedavg": FedAvgConfig,
+        "fedavg_ft": FedAvgFtConfig,
         "fedper": FedPerConfig,
         "fedprox": FedProxConfig,
         "fedrep": FedRepConfig,
@@ -374,6 +412,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "pfedbayes": PFedBayesConfig,
         "pflego": PFLEGOConfig,
         "bhfl": BHFLConfig,
+        "femam": FeMAMConfig,
     },
     "dataset": {"vision": VisionDatasetConfig, "synthetic": SyntheticDatasetConfig,
                 "synthetic_multilevel": SyntheticMultilevelDatasetConfig},

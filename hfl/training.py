@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from hfl.errors import ConfigError
 from hfl.models import FAST_GRADIENTS
 
 Params = list[torch.Tensor]
@@ -71,6 +72,12 @@ class LocalTrainer:
     """Loss, gradient and evaluation of one model architecture over explicit parameters."""
 
     def __init__(self, model: nn.Module) -> None:
+        if any(True for _ in model.buffers()):
+            # Buffers (BatchNorm running statistics) would live in the one module every device
+            # shares, updated in place and never sent, averaged or saved: refuse, do not train wrong.
+            raise ConfigError("model.name", f"{type(model).__name__} keeps buffers (BatchNorm running statistics), "
+                                            "which hfl's functional trainer does not carry yet; it can be built "
+                                            "and inspected but not trained")
         self.model = model
         self.names = [name for name, _ in model.named_parameters()]
         self.fast_gradient = FAST_GRADIENTS.get(type(model))

@@ -29,6 +29,9 @@ from hfl.tree import level_of
 
 # The config value devices read for each evaluation target (clients.base.DeviceClient).
 DEVICE_MODEL = {"gm": "global", "pm": "personal"}
+# Evaluation parts named ctx_* are no model to test: they travel down the tree and reach the
+# devices with the PM target, which they complete their own model from (e.g. FeMAM's group models).
+CONTEXT = "ctx_"
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,7 @@ class NodeClient(NumPyClient):
         holds: Mapping[str, frozenset[int]] | None = None,
         pm_base: str | None = None,
         level_models: bool = True,
+        evaluation_context: Callable[[dict[str, np.ndarray] | None], dict[str, NDArrays]] | None = None,
     ) -> None:
         self.spec = spec
         self.children = children
@@ -114,6 +118,7 @@ class NodeClient(NumPyClient):
         self.holds = dict(holds or {})  # child cid -> the devices in its subtree (for sampling=devices)
         self.pm_base = pm_base  # "gm": a device's PM is the root's model completed by its own part (PFLEGO)
         self.level_models = level_models  # false: the servers' models are no predictors (gradient servers)
+        self.evaluation_context = evaluation_context  # stored node state -> ctx_* parts it adds for its devices' PM
 
     def _asked_children(self, children: list, config: dict[str, Scalar], round_path: str, server_round: int) -> list:
         """The children a round asks: those holding a device the root drew (sampling=devices),
@@ -207,12 +212,17 @@ class NodeClient(NumPyClient):
 
     def _evaluate_devices(self, models: dict[str, NDArrays], metrics: dict[str, Scalar]) -> dict[str, Scalar]:
         """Each target model on every device's test split; the devices' own models for PM."""
-        targets = dict(models)
+        targets = {k: v for k, v in models.items() if not k.startswith(CONTEXT)}
+        context = {k: v for k, v in models.items() if k.startswith(CONTEXT)}
+        if self.evaluation_context is not None:
+            context.update(self.evaluation_context(self.store.load(self.spec.store_key)))
         if not self.global_model:
             targets.pop("gm", None)  # forwarded only as the base of the devices' PMs
         config: dict[str, dict[str, Scalar]] = {}
         if self.pm_base == "gm":
             targets["pm"], config["pm"] = models["gm"], {}  # each device completes it with its own part
+        elif self.personalized and context:
+            targets["pm"], config["pm"] = pack("parts", context)  # each device picks its part of it
         elif self.personalized:
             # Devices test their own model; nothing is sent, unless this node samples: then a
             # device never asked yet tests the model it would start from (this node's).

@@ -189,9 +189,19 @@ class GlobalStrategy(Strategy):
                        "bytes_down_team": 0, "bytes_up_team": 0, "compute_seconds": 0.0, "failures": 0}
         self.current = parameters_to_ndarrays(parameters)
         teams, extra = self._fit_targets(server_round, self._teams(client_manager))
+        parameters, meta = self.fit_message(server_round, parameters)
         self._round["bytes_down_global"] += nbytes(parameters.tensors) * len(teams)
-        ins = FitIns(parameters, {**self.fit_config, **extra, "global_round": server_round})
+        ins = FitIns(parameters, {**self.fit_config, **extra, **meta, "global_round": server_round})
         return [(proxy, ins) for proxy in teams]
+
+    def fit_message(self, server_round: int, parameters: Parameters) -> tuple[Parameters, dict[str, Scalar]]:
+        """What the level-1 nodes are sent to train: the root's model, or (overridden) a payload
+        with more in it, declared by the returned config entries (hfl.payload)."""
+        return parameters, {}
+
+    def evaluate_message(self, server_round: int, parameters: Parameters) -> tuple[Parameters, dict[str, Scalar]]:
+        """What the level-1 nodes are sent to evaluate: the root's model as ``gm`` by default."""
+        return parameters, {}
 
     def _fit_targets(self, server_round: int, teams: list[ClientProxy]) -> tuple[list[ClientProxy], dict[str, Scalar]]:
         """Every level-1 node, or with ``sampling=devices`` those holding a device drawn for the
@@ -257,8 +267,9 @@ class GlobalStrategy(Strategy):
             self._finish(server_round, None)
             return []
         teams = self._teams(client_manager)
+        parameters, meta = self.evaluate_message(server_round, parameters)
         self._round["bytes_down_global"] += nbytes(parameters.tensors) * len(teams)
-        ins = EvaluateIns(parameters, {"global_round": server_round})
+        ins = EvaluateIns(parameters, {**meta, "global_round": server_round})
         return [(proxy, ins) for proxy in teams]
 
     def aggregate_evaluate(self, server_round, results, failures):  # noqa: ANN001

@@ -1,12 +1,12 @@
-"""build_federation: dataset + partition + tree formation -> per-device tensors, the tree and
-its teams, and the optional proxy pool (``dataset.proxy_fraction``); proxy_data: a server's
-proxy samples."""
+"""build_federation: dataset + partition + tree formation -> per-device tensors (train, optional
+validation, test), the tree and its teams, and the optional proxy pool
+(``dataset.proxy_fraction``); proxy_data: a server's proxy samples."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -16,12 +16,18 @@ from hfl import topology
 from hfl.data import multilevel, synthetic, vision
 from hfl.data.partition import (
     classes_of_devices,
+    clusterwise_clusters,
+    deal_cluster_classes,
+    multilevel_structure,
+    partition_among_owners,
     partition_by_classes,
     partition_dirichlet,
     partition_iid,
     partition_roundrobin,
+    path_classes,
     roundrobin_classes,
     split_train_test,
+    split_train_val_test,
 )
 from hfl.config import check_number
 from hfl.errors import ConfigError
@@ -30,7 +36,7 @@ from hfl.tree import Tree
 
 GENERATED = ("synthetic", "synthetic_multilevel")  # made from the seed, nothing on disk
 DATASETS = (*GENERATED, *vision.SPECS)
-PARTITIONS = ("classes", "dirichlet", "iid", "natural", "roundrobin")
+PARTITIONS = ("classes", "clusterwise", "dirichlet", "iid", "multilevel", "natural", "roundrobin")
 
 
 @dataclass
@@ -40,6 +46,16 @@ class DeviceData:
     y_train: torch.Tensor  # int64, (n_train,)
     x_test: torch.Tensor
     y_test: torch.Tensor
+    # Validation split (dataset.val_fraction of the training part); None -> empty, shaped
+    # (0, *input_shape) like x_train, with x_train's / y_train's dtypes.
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.x_val is None:
+            self.x_val = self.x_train.new_empty((0, *self.x_train.shape[1:]))
+        if self.y_val is None:
+            self.y_val = self.y_train.new_empty((0,))
 
 
 @dataclass
@@ -52,9 +68,14 @@ class Federation:
     tree: Tree  # the whole hierarchy; teams are its level-1 nodes
     proxy_x: torch.Tensor | None = None  # proxy pool (dataset.proxy_fraction > 0): float, like device data
     proxy_y: torch.Tensor | None = None  # int64; None when dataset.proxy_fraction is 0
-    # The classes each device was dealt (sorted; `classes` and `roundrobin` partitions, else None);
-    # the proxy pool may have taken some of their samples, the list is unchanged.
+    # The classes each device was dealt (sorted; `classes`, `roundrobin`, `clusterwise` and
+    # `multilevel` partitions, else None); the proxy pool may have taken some of their samples,
+    # the list is unchanged.
     device_classes: list[list[int]] | None = None
+    # The true cluster structure: per device its cluster id at each cluster level, coarse to fine
+    # (`clusterwise`: one level; `multilevel`: one per dataset.level_clusters entry;
+    # synthetic_multilevel with the natural partition: one per dataset.clusters entry), else None.
+    device_clusters: list[list[int]] | None = field(default=None)
 
 
 # ---------------------------------------------------------------- config reading
@@ -191,6 +212,8 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
             "topology.formation", f"'by_label' gives teams label sets and needs dataset.partition=classes, got {partition!r}"
         )
     train_fraction = _float(dataset_cfg, "train_fraction", 0.75, 0.0, 1.0, open_lo=True)
+    val_fraction = _float(dataset_cfg, "val_fraction", 0.0, 0.0, 1.0)
+    min_samples_per_device = _int(dataset_cfg, "min_samples_per_device", 2, 2)
     size_sigma = _float(dataset_cfg, "size_sigma", 2.0, 0.0)
     min_per_class = _int(dataset_cfg, "min_per_class", 10, 0)
     dirichlet_alpha = _float(dataset_cfg, "dirichlet_alpha", 0.5, 0.0, open_lo=True)
@@ -202,8 +225,12 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
         x, y, input_shape, num_classes, natural, to_float = _load_vision(dataset_cfg, name)
 
     device_classes: list[list[int]] | None = None
+    device_clusters: list[list[int]] | None = None
     if partition == "natural":
         parts, too_small_key = natural, "dataset.min_samples"
+        if name == "synthetic_multilevel":  # the generator's nested blocks (hfl/data/multilevel.py)
+            levels = [int(n) for n in _get(dataset_cfg, "clusters", [4])]
+            device_clusters = [[multilevel.block_of(d, num_devices, n) for n in levels] for d in range(num_devices)]
     elif partition == "classes":
         k = _int(dataset_cfg, "classes_per_device", 2, 1, num_classes)
         labels = topology.team_labels(topology_cfg) if by_label else None
@@ -222,10 +249,29 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
         device_classes = roundrobin_classes(num_devices, num_classes, k, seed)
         parts = partition_roundrobin(y, device_classes, seed)
         too_small_key = topology.device_count_key(topology_cfg)  # too many owners share a class
+    elif partition == "clusterwise":  # FeMAM's cluster-wise (c, K)
+        num_clusters = _int(dataset_cfg, "num_clusters", 5, 1)
+        cluster_classes = _int(dataset_cfg, "cluster_classes", min(3, num_classes), 1, num_classes)
+        clusters = clusterwise_clusters(num_devices, num_clusters, seed)
+        dealt = deal_cluster_classes(num_clusters, cluster_classes, num_classes, seed)
+        device_classes = [dealt[k] for k in clusters]
+        device_clusters = [[k] for k in clusters]
+        parts = partition_among_owners(y, device_classes, seed)
+        too_small_key = topology.device_count_key(topology_cfg)  # too many owners share a class
+    elif partition == "multilevel":  # FeMAM's multi-level [a, b, c]
+        level_classes = _get(dataset_cfg, "level_classes", None)
+        device_clusters, level_sets = multilevel_structure(
+            num_devices, num_classes, _get(dataset_cfg, "level_clusters", [2, 4]), seed,
+            level_classes,
+        )
+        device_classes = path_classes(device_clusters, level_sets)
+        parts = partition_among_owners(y, device_classes, seed)
+        too_small_key = topology.device_count_key(topology_cfg)
     elif partition == "iid":
         parts, too_small_key = partition_iid(y, num_devices, seed), topology.device_count_key(topology_cfg)
     else:
-        parts, too_small_key = partition_dirichlet(y, num_devices, dirichlet_alpha, seed), "dataset.dirichlet_alpha"
+        parts = partition_dirichlet(y, num_devices, dirichlet_alpha, seed, min_size=min_samples_per_device)
+        too_small_key = "dataset.dirichlet_alpha"
 
     for d, idx in enumerate(parts):
         if len(idx) < 2:  # one train + one test sample at least
@@ -249,7 +295,7 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
 
     devices = []
     for d, idx in enumerate(parts):
-        train, test = split_train_test(idx, train_fraction, seed, d)
+        train, val, test = split_train_val_test(idx, train_fraction, val_fraction, seed, d)
         devices.append(
             DeviceData(
                 device_id=d,
@@ -257,10 +303,13 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
                 y_train=torch.from_numpy(y[train]),
                 x_test=torch.from_numpy(np.ascontiguousarray(to_float(x[test]))),
                 y_test=torch.from_numpy(y[test]),
+                x_val=torch.from_numpy(np.ascontiguousarray(to_float(x[val]))),
+                y_val=torch.from_numpy(y[val]),
             )
         )
     sorted_classes = None if device_classes is None else [sorted(cs) for cs in device_classes]
-    return Federation(name, tuple(input_shape), num_classes, devices, teams, tree, proxy_x, proxy_y, sorted_classes)
+    return Federation(name, tuple(input_shape), num_classes, devices, teams, tree, proxy_x, proxy_y, sorted_classes,
+                      device_clusters)
 
 
 def proxy_data(fed: Federation, path: str, size: int, seed: int, train_fraction: float = 0.75) -> DeviceData:

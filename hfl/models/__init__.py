@@ -127,7 +127,50 @@ class Conv4(BodyHead):
         super().__init__(body, 64 * (height // 16) * (width // 16), num_classes)
 
 
-MODELS = {"mclr": MCLR, "dnn": DNN, "cnn": CNN, "mlp": MLP, "pflego_cnn": PflegoCNN, "conv4": Conv4}
+class BasicBlock(nn.Module):
+    """ResNet's basic block: conv3x3-BN-ReLU-conv3x3-BN plus the shortcut (identity, or a
+    1x1 conv + BN where the stride or width changes), then ReLU. Convolutions have no bias."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
+                                          nn.BatchNorm2d(out_channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet9(BodyHead):
+    """The FeMAM authors' "ResNet-9": stem conv3x3 (-> 8) + BN + ReLU, one BasicBlock per stage
+    (widths 8/16/32/64, strides 1/2/2/2), global average pooling (their avg-pool(4) on 32x32
+    inputs; adaptive, so 28x28 works too), then the linear head 64 -> classes (83,852
+    parameters on 3x32x32 inputs with 100 classes). Has BatchNorm: its running statistics are
+    buffers, not parameters."""
+
+    WIDTHS = (8, 16, 32, 64)
+    STRIDES = (1, 2, 2, 2)
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
+        channels, _, _ = _image_shape("resnet9", input_shape)
+        layers: list[nn.Module] = [nn.Conv2d(channels, self.WIDTHS[0], 3, padding=1, bias=False),
+                                   nn.BatchNorm2d(self.WIDTHS[0]), nn.ReLU()]
+        width = self.WIDTHS[0]
+        for out, stride in zip(self.WIDTHS, self.STRIDES, strict=True):
+            layers.append(BasicBlock(width, out, stride))
+            width = out
+        body = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        super().__init__(body, width, num_classes)
+
+
+MODELS = {"mclr": MCLR, "dnn": DNN, "cnn": CNN, "mlp": MLP, "pflego_cnn": PflegoCNN, "conv4": Conv4,
+          "resnet9": ResNet9}
 
 
 def build_model(model_cfg: Mapping, input_shape: Sequence[int], num_classes: int) -> nn.Module:
