@@ -34,7 +34,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from hfl.report import Level, Run, first_value, model_levels
+from hfl.report import CLIENT_MEAN, Level, Run, final_value, first_value, model_levels
 from hfl.run_report import human_bytes, level_results, run_title, traffic_rows
 
 ROUND = "hfl_round"  # the global round a record ends
@@ -81,20 +81,39 @@ def _percent(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.2f}%"
 
 
+def client_mean_keys(level: Level) -> tuple[str, ...]:
+    """The metric names of a level's client mean (its devices' accuracies, unweighted mean)."""
+    return tuple(f"{prefix}_{CLIENT_MEAN}_accuracy" for prefix in level.prefixes)
+
+
+def client_means(run: Run, level: Level) -> tuple[float | None, float | None]:
+    """A level's client mean at the last evaluated round and at its best one."""
+    keys = client_mean_keys(level)
+    values = [value for line in run.metrics if (value := first_value(line, keys)) is not None]
+    return final_value(run, keys), max(values, default=None)
+
+
 def summary_renderable(run: Run, log_file: Path | None) -> RenderableType:
     """The end-of-run summary, a few lines: what ran and how fast, final and best accuracy
-    per model level, bytes per tier, where the outputs are."""
+    per model level (and, where the run reports them, the levels' client means: the devices'
+    accuracies averaged unweighted), bytes per tier, where the outputs are."""
     summary = run.summary
     per_round = summary.get("seconds_per_round")
     title = (f"{run_title(run)}, {summary.get('rounds')} global rounds: "
              f"{'—' if per_round is None else f'{per_round:.2f}'} s per round (median after the first), "
              f"{summary.get('total_seconds', 0):.1f} s in all, {summary.get('failures', 0)} failures")
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column, justify in (("model", "left"), ("final", "right"), ("best", "right"), ("best round", "right")):
+    results = level_results(run)
+    means = [client_means(run, result.level) for result in results]
+    shown_means = any(value is not None for pair in means for value in pair)
+    columns = [("model", "left"), ("final", "right"), ("best", "right"), ("best round", "right")]
+    columns += [("client mean final", "right"), ("client mean best", "right")] if shown_means else []
+    for column, justify in columns:
         table.add_column(column, justify=justify)
-    for result in level_results(run):
-        table.add_row(short_label(result.level), _percent(result.final), _percent(result.best),
-                      "—" if result.best_round is None else str(result.best_round))
+    for result, (mean_final, mean_best) in zip(results, means, strict=True):
+        cells = [short_label(result.level), _percent(result.final), _percent(result.best),
+                 "—" if result.best_round is None else str(result.best_round)]
+        table.add_row(*cells, *([_percent(mean_final), _percent(mean_best)] if shown_means else []))
     traffic = "bytes down/up: " + ", ".join(f"{tier} {human_bytes(down)} / {human_bytes(up)}"
                                            for tier, down, up in traffic_rows(summary))
     files = [name for name in RUN_FILES if (run.path / name).exists()]

@@ -16,6 +16,9 @@ from typing import NamedTuple
 from flwr.common import Scalar
 
 LEVEL_ALIASES = {"team": "level1"}  # 3-tier runs and deployments name level 1 "team"
+# <level>_client_mean_accuracy: the unweighted mean of the devices' accuracies (hfl.report shows
+# it as a figure of its own, not as a model level).
+CLIENT_MEAN = "client_mean"
 
 
 class DeviceScore(NamedTuple):
@@ -79,10 +82,13 @@ def _level_order(target: str) -> tuple[int, int]:
 
 
 def pool_evaluations(reports: Sequence[Mapping[str, Scalar]]) -> dict[str, float | None]:
-    """Pool the level-1 nodes' reports into accuracy = Σcorrect / Σsamples (loss likewise)
-    and the spread of per-device accuracies, for every model level present. ``team`` and
-    ``level1`` are the same level: both keys are written. pm, gm and team are always present
-    (None where the algorithm has no such model) so that every run's lines share keys."""
+    """Pool the level-1 nodes' reports into accuracy = Σcorrect / Σsamples (loss likewise),
+    the spread of per-device accuracies and their unweighted mean
+    (``<level>_client_mean_accuracy``: every device counts once, whatever its test size), for
+    every model level present. ``team`` and ``level1`` are the same level: both keys are
+    written. pm, gm and team are always present (None where the algorithm has no such model)
+    so that every run's lines share keys; so is ``client_mean_accuracy``, PM's client mean
+    (the FeMAM paper's figure), None without a PM."""
     total = add_reports([_canonical(r) for r in reports])
     pooled: dict[str, float | None] = {}
     targets = sorted(set(targets_of(total)) | {"pm", "gm", "level1"}, key=_level_order)
@@ -97,6 +103,8 @@ def pool_evaluations(reports: Sequence[Mapping[str, Scalar]]) -> dict[str, float
         pooled[f"{target}_accuracy_min"] = min(per_device)
         pooled[f"{target}_accuracy_median"] = statistics.median(per_device)
         pooled[f"{target}_accuracy_max"] = max(per_device)
+        pooled[f"{target}_{CLIENT_MEAN}_accuracy"] = statistics.fmean(per_device)
     for key in [k for k in pooled if k.startswith("level1_")]:
         pooled["team_" + key[len("level1_"):]] = pooled[key]
+    pooled[f"{CLIENT_MEAN}_accuracy"] = pooled.get(f"pm_{CLIENT_MEAN}_accuracy")
     return pooled

@@ -33,6 +33,11 @@ Conventions:
   since their "final" then means different rounds.
 * Runs of one row whose Hydra configs differ in anything but the seed (and the runtime)
   produce a warning too: they are aggregated as if they were seeds of one experiment.
+* Client mean: where some run of a table reports ``client_mean_accuracy`` (the unweighted
+  mean over devices of each device's PM accuracy, the FeMAM paper's figure; the PM columns
+  pool every test sample instead), the table gets "client mean best" and "client mean final"
+  columns, read from summary.json as the PM ones are. Each level's own client mean
+  (``<level>_client_mean_accuracy``) is a figure of that level, not a model level: no panel.
 * Inner levels: a table gets a "level{d} final" column per depth d that some of its runs
   report (team as level1): each run's value at its last evaluated round (summary.json's
   "final" where it has it, else the last metrics.jsonl line). Tables whose runs report no
@@ -42,7 +47,8 @@ Conventions:
   line per algorithm, the mean over seeds at each evaluated round (over the seeds that
   evaluated it), with a shaded band from the seeds' minimum to maximum.
 * ``--paper FILE`` (YAML or JSON): ``{"dataset/model": {algorithm: {pm: x, gm: y}}}`` in
-  percent; adds "paper PM" and "paper GM" columns. Missing entries show "—".
+  percent; adds "paper PM" and "paper GM" columns (and "paper pflego" / "paper client mean"
+  where the file gives ``pflego`` / ``client_mean`` numbers). Missing entries show "—".
 """
 
 from __future__ import annotations
@@ -61,8 +67,11 @@ import yaml
 
 DASH = "—"
 MODELS = ("pm", "gm")
-# Paper-file keys: pm, gm, and pflego (the PFLEGO paper's figure, our pflego_accuracy).
-PAPER_KEYS = (*MODELS, "pflego")
+CLIENT_MEAN = "client_mean"  # client_mean_accuracy: the devices' PM accuracies, unweighted mean (hfl.evaluation)
+# Paper-file keys: pm, gm, pflego (the PFLEGO paper's figure, our pflego_accuracy) and
+# client_mean (the FeMAM paper's figure, our client_mean_accuracy).
+PAPER_KEYS = (*MODELS, "pflego", CLIENT_MEAN)
+PAPER_LABELS = {"pm": "PM", "gm": "GM", "pflego": "pflego", CLIENT_MEAN: "client mean"}
 KINDS = ("best", "final")
 IGNORED_CONFIG_KEYS = ("seed", "runtime")  # may differ between the seeds of one row
 
@@ -110,8 +119,9 @@ GM = Level("GM", "GM (global)", ("gm",))
 GM_PROXY = Level("GM proxy", "GM proxy (root's proxy set)", ("gm_proxy",))
 LEVEL_KEY = re.compile(r"(pm|gm|gm_proxy|team|level([1-9][0-9]*))_(?:accuracy|loss)")
 # Any other model an algorithm evaluates (e.g. pflego_accuracy) is a level of its own;
-# level<d> names outside LEVEL_KEY (level0, level01) are not models.
-OTHER_MODEL_KEY = re.compile(r"(?!level[0-9])([a-z][a-z0-9_]*)_accuracy")
+# level<d> names outside LEVEL_KEY (level0, level01) are not models, nor are client means
+# (client_mean_accuracy, <level>_client_mean_accuracy: a figure of a level, hfl.evaluation).
+OTHER_MODEL_KEY = re.compile(r"(?!level[0-9])(?!(?:[a-z0-9_]*_)?client_mean_accuracy$)([a-z][a-z0-9_]*)_accuracy")
 
 
 def model_levels(keys: Iterable[str]) -> list[Level]:
@@ -320,7 +330,7 @@ def percent_stat(values: Iterable[float | None]) -> Stat | None:
 
 
 def row_stat(row: Row, model: str, kind: str) -> Stat | None:
-    """kind = best | final, model = pm | gm; in percent."""
+    """kind = best | final, model = pm | gm (or client_mean); in percent."""
     return percent_stat((run.summary.get(kind) or {}).get(f"{model}_accuracy") for run in row.runs)
 
 
@@ -365,7 +375,7 @@ def load_paper(path: str | Path) -> dict[str, dict[str, dict[str, float | None]]
         data = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise fail(f"{path}: malformed paper file: {exc}") from None
-    shape = 'expected {"dataset/model": {algorithm: {pm: x, gm: y}}}'
+    shape = 'expected {"dataset/model": {algorithm: {pm: x, gm: y}}} (also pflego, client_mean)'
     if not isinstance(data, dict):
         raise fail(f"{path}: {shape}")
     paper: dict[str, dict[str, dict[str, float | None]]] = {}
@@ -401,20 +411,32 @@ def check_paper(paper: dict, groups: dict[tuple[str, str], dict[str, Row]]) -> l
 # ---------------------------------------------------------------- Markdown
 
 
+def reports_client_mean(rows: dict[str, Row]) -> bool:
+    """Whether some run of these rows reports ``client_mean_accuracy`` in its summary."""
+    return any((run.summary.get(kind) or {}).get(f"{CLIENT_MEAN}_accuracy") is not None
+               for row in rows.values() for run in row.runs for kind in KINDS)
+
+
 def group_table(rows: dict[str, Row], paper: dict[str, dict[str, float | None]] | None) -> str:
     inner = [level for level in group_levels(rows) if level.depth is not None]
     # The PFLEGO paper's figure, where runs report it: each run's final mean of its last 10 rounds.
     pflego = any(final_value(run, ("pflego_accuracy",)) is not None for row in rows.values() for run in row.runs)
+    # The FeMAM paper's figure, where runs report it: PM accuracy averaged over devices, unweighted.
+    client_mean = reports_client_mean(rows)
     paper_keys = [k for k in PAPER_KEYS if k in MODELS or any(v.get(k) is not None for v in (paper or {}).values())]
-    header = ["algorithm", "PM best", "PM final", "GM best", "GM final"] + [f"{level.name} final" for level in inner]
+    header = ["algorithm", "PM best", "PM final", "GM best", "GM final"]
+    header += ["client mean best", "client mean final"] if client_mean else []
+    header += [f"{level.name} final" for level in inner]
     header += ["pflego final"] if pflego else []
     if paper is not None:
-        header += [f"paper {k if k == 'pflego' else k.upper()}" for k in paper_keys]
+        header += [f"paper {PAPER_LABELS[k]}" for k in paper_keys]
     header += ["seeds", "rounds"]
     lines = ["| " + " | ".join(header) + " |",
              "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
     for row in rows.values():
-        stats = [row_stat(row, m, k) for m in MODELS for k in KINDS] + [level_final_stat(row, lv) for lv in inner]
+        stats = [row_stat(row, m, k) for m in MODELS for k in KINDS]
+        stats += [row_stat(row, CLIENT_MEAN, k) for k in KINDS] if client_mean else []
+        stats += [level_final_stat(row, lv) for lv in inner]
         stats += [percent_stat(final_value(run, ("pflego_accuracy",)) for run in row.runs)] if pflego else []
         cells = [row.algorithm] + [format_stat(stat, len(row.runs)) for stat in stats]
         if paper is not None:
@@ -430,6 +452,8 @@ def render_markdown(groups: dict[tuple[str, str], dict[str, Row]], paper: dict |
     parts = [f"# {title}", "",
              "Test accuracy in %, mean ± sample std over seeds (a single seed: the value alone); "
              "best = each run's best evaluated round, final = its last; — = the algorithm has no such model."
+             + (" Client mean: each device's PM accuracy, averaged over devices unweighted (PM pools every "
+                "test sample)." if any(reports_client_mean(rows) for rows in groups.values()) else "")
              + (" Paper columns: as given in the --paper file." if paper is not None else "")]
     for (dataset, model), rows in groups.items():
         parts += ["", f"## {dataset} / {model}", "",
@@ -543,8 +567,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("paths", nargs="+", help="run directories, or directories with run directories below "
                                                  "them (e.g. a Hydra multirun directory)")
     parser.add_argument("--out", default="report", help="output directory (default: ./report)")
-    parser.add_argument("--paper", help='YAML/JSON {"dataset/model": {algorithm: {pm: x, gm: y}}} in percent, '
-                                        'shown as "paper" columns')
+    parser.add_argument("--paper", help='YAML/JSON {"dataset/model": {algorithm: {pm: x, gm: y}}} in percent '
+                                        '(also pflego, client_mean), shown as "paper" columns')
     parser.add_argument("--title", default="hfl report", help="report title")
     return parser
 

@@ -1,0 +1,34 @@
+"""FedAvg+ servers (FeMAM's baseline): FedAvg's, which also send the devices their fine-tuning
+settings (``finetune_epochs``, ``finetune_lr``) with every training round.
+
+Aggregation is ``strategies.fedavg``'s, unchanged: a run of ``fedavg_ft`` trains the same models
+as ``fedavg`` with the same seed. What differs is evaluation only (``clients.fedavg_ft``): the
+devices test the global model after fine-tuning it on their own training split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hfl.errors import ConfigError
+from hfl.personal import check_keys
+from strategies.mean import mean_servers
+
+build_team_strategy, build_global_strategy = mean_servers("finetune_epochs", "finetune_lr")
+
+
+def check_config(alg: Mapping[str, Any]) -> None:
+    check_keys(alg, finetune_epochs={"integer": True, "minimum": 0}, finetune_lr={"minimum": 0, "open_min": True})
+    fixed = {"personalized": True, "pm_base": "gm"}
+    for key, value in fixed.items():
+        if alg.get(key) != value:
+            raise ConfigError(f"algorithm.{key}", f"FedAvg+ needs {value!r} here (its PM is the global model, "
+                                                  f"fine-tuned by each device), got {alg.get(key)!r}")
+    # A device learns its fine-tuning settings from its training rounds (the evaluation message
+    # carries only the model): one never asked to train would have none to test with.
+    fraction = alg.get("sample_fraction", 1.0)
+    if any(float(f) < 1 for f in (fraction if isinstance(fraction, list | tuple) else [fraction])):
+        raise ConfigError("algorithm.sample_fraction", "FedAvg+ needs every device in every round (each learns its "
+                                                       "fine-tuning settings from its training rounds); "
+                                                       f"got {fraction!r}")
