@@ -1,0 +1,361 @@
+"""FeMAM (seeds/001) on the tree: the root owns the level schedule, the grouping and the pruning;
+inner nodes relay; devices train the newest level of their additive model (clients.femam).
+
+How a round's models travel (the rules are in strategies.femam_rules):
+- **global level** (level 1, one group): every node returns the n-weighted mean of its children,
+  which composes into the flat FedAvg mean (exact up to float summation order);
+- **cluster levels** (K groups, re-clustered every round): a team cannot know a device's group
+  before the root has clustered everyone, so each node relays its devices' models up unchanged
+  (parts ``d<id>``) and the root clusters and averages them in device-id order, so any tree
+  gives the flat run's models bit for bit; the root then sends all K group models and the
+  assignment down, and the lowest node hands each device its group's model;
+- **team level** (``algorithm.team_level``: one cluster level is the tree's lowest servers, fixed):
+  each lowest server's mean over its devices is that group's model, kept in its own state;
+  nothing is relayed;
+- **personal level** (0 groups): each device trains and keeps its own model; only validation
+  losses travel.
+Every device also reports its validation loss (of the model it received) for the schedule and
+the pruning. The first round of a new level also carries the finished level's final models
+and keep decisions, which the devices freeze.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.common import FitIns, NDArrays, Parameters, Scalar, ndarrays_to_parameters
+
+from hfl.aggregate import mean_of
+from hfl.errors import ConfigError
+from hfl.node import NodeContext, federation_for
+from hfl.payload import pack
+from hfl.personal import check_keys
+from hfl.seed import derive_seed
+from hfl.tree_node import model_from_state
+from strategies.base import GlobalStrategy, TeamStrategy
+from strategies.femam_rules import (
+    CLUSTER, GLOBAL, KIND_CODES, KINDS, PERSONAL, TEAM, Schedule, clustering_features, flat_model,
+    group_means, keeps_level, kmeans_labels, last_kept, level_kind, nearest_labels,
+)
+
+log = logging.getLogger(__name__)
+PRUNE = ("paper", "code", "none")
+PRUNE_CODES = {name: i for i, name in enumerate(PRUNE)}
+ASSIGN = ("kmeans", "nearest")
+VAL_COLUMNS = 4  # device id, validation loss sum, validation samples, training samples
+
+
+# ---------------------------------------------------------------- config
+def kinds_of(alg: Mapping[str, Any]) -> list[str]:
+    team = alg.get("team_level")
+    return [level_kind(i, int(k), None if team is None else int(team)) for i, k in enumerate(alg["levels"])]
+
+
+def check_config(alg: Mapping[str, Any]) -> None:
+    levels = alg.get("levels")
+    if not isinstance(levels, list | tuple) or not levels:
+        raise ConfigError("algorithm.levels", f"must be a non-empty list of group counts, got {levels!r}")
+    for k in levels:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ConfigError("algorithm.levels", f"entries are group counts >= 0 (0 = personal), got {k!r}")
+    if 0 in levels[:-1]:
+        raise ConfigError("algorithm.levels", "only the last level can be personal (0 groups)")
+    team = alg.get("team_level")
+    if team is not None and not (isinstance(team, int) and 2 <= team <= len(levels) and levels[team - 1] != 0):
+        raise ConfigError("algorithm.team_level", f"must name a cluster level 2..{len(levels)} (1-based), got {team!r}")
+    if alg.get("schedule") not in ("fixed", "convergence"):
+        raise ConfigError("algorithm.schedule", f"unknown {alg.get('schedule')!r}; known: fixed, convergence")
+    rounds = alg.get("rounds_per_level")
+    if not isinstance(rounds, list | tuple) or len(rounds) != len(levels) or any(
+            isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in rounds):
+        raise ConfigError("algorithm.rounds_per_level", f"needs {len(levels)} integers >= 1 (one per level), got {rounds!r}")
+    for key, known in (("prune", PRUNE), ("assign", ASSIGN)):
+        if alg.get(key) not in known:
+            raise ConfigError(f"algorithm.{key}", f"unknown {alg.get(key)!r}; known: {', '.join(known)}")
+    check_keys(alg, prox={"minimum": 0}, converge_window={"integer": True, "minimum": 1},
+               converge_tol={"minimum": 0}, prune_window={"integer": True, "minimum": 1},
+               kmeans_n_init={"integer": True, "minimum": 1})
+    if alg.get("local_epochs") is not None:
+        check_keys(alg, local_epochs={"integer": True, "minimum": 1})
+    fixed = {"team_rounds": 1, "sampling": "children", "sample_fraction": 1.0, "level_models": False, "weighted": True}
+    for key, value in fixed.items():
+        if alg.get(key, value) != value:
+            raise ConfigError(f"algorithm.{key}", f"FeMAM needs {value!r} here (full participation, one round per "
+                                                  f"call at every node), got {alg.get(key)!r}")
+    if alg.get("level_rounds") is not None and any(int(r) != 1 for r in alg["level_rounds"]):
+        raise ConfigError("algorithm.level_rounds", "FeMAM runs one round per call at every node: every entry must be 1")
+
+
+def check_federation(cfg: Mapping[str, Any], fed) -> None:  # noqa: ANN001 - hfl.data.Federation
+    empty = [d.device_id for d in fed.devices if len(getattr(d, "y_val", ())) == 0]
+    if empty:
+        raise ConfigError("dataset.val_fraction", f"FeMAM's schedule and pruning need a validation split on every "
+                                                  f"device; {len(empty)} have none (e.g. device {empty[0]}): set it > 0")
+
+
+def schedule_of(alg: Mapping[str, Any]) -> Schedule:
+    return Schedule(str(alg["schedule"]), tuple(int(r) for r in alg["rounds_per_level"]),
+                    int(alg["converge_window"]), float(alg["converge_tol"]))
+
+
+def info_array(level: int, kind: str, first: bool, prev_kind: str | None, prune: str) -> list[np.ndarray]:
+    """[level (1-based), kind, first round of the level, kind of the level before (-1), prune mode]."""
+    prev = KIND_CODES[prev_kind] if prev_kind else -1
+    return [np.array([level + 1, KIND_CODES[kind], int(first), prev, PRUNE_CODES[prune]], dtype=np.int64)]
+
+
+def parse_info(parts: Mapping[str, NDArrays], name: str = "info") -> dict[str, Any]:
+    level, kind, first, prev, prune = (int(v) for v in parts[name][0])
+    return {"level": level, "kind": KINDS[kind], "first": bool(first),
+            "prev_kind": KINDS.get(prev), "prune": PRUNE[prune]}
+
+
+def team_model(state: Mapping[str, np.ndarray] | None) -> NDArrays | None:
+    """A lowest server's team-level model, kept in its state as team_0, team_1..."""
+    if not state:
+        return None
+    names = sorted((k for k in state if k.startswith("team_")), key=lambda k: int(k[5:]))
+    return [state[k] for k in names] or None
+
+
+def evaluation_context(state: Mapping[str, np.ndarray] | None) -> dict[str, NDArrays]:
+    """What a lowest server adds for its devices' PM: its team-level model, if it has one."""
+    model = team_model(state)
+    return {"ctx_node": model} if model is not None else {}
+
+
+# ---------------------------------------------------------------- inner nodes
+class FemamNodeStrategy(TeamStrategy):
+    """Forwards the root's payload; the lowest node hands each device its own start model (and the
+    model to freeze), then relays what the root needs: validation rows and, at cluster levels,
+    every device's model."""
+
+    def __init__(self, alg: Mapping[str, Any], ctx: NodeContext) -> None:
+        self.parts = ctx.payload.parts
+        self.info = parse_info(self.parts)
+        self.lowest = ctx.fed.tree.is_lowest(ctx.path)
+        self.team = team_model(ctx.state)
+        config = {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "prox": alg["prox"],
+                  "local_epochs": alg.get("local_epochs") or 0, "num_levels": len(alg["levels"]),
+                  "femam_level": self.info["level"], "femam_kind": self.info["kind"],
+                  "femam_first": int(self.info["first"]), "prune": self.info["prune"]}
+        super().__init__(self.parts["model"], config, min_fit_fraction=alg.get("min_fit_fraction", 1.0))
+
+    def start_model(self, device: int) -> NDArrays:
+        kind, first = self.info["kind"], self.info["first"]
+        if kind == CLUSTER:
+            return self.parts[f"g{int(self.parts['assign'][0][device])}"]
+        if kind == TEAM and not first:
+            return self.team if self.team is not None else self.parts["model"]
+        if kind == PERSONAL and not first:
+            return []  # the device trains the model it keeps
+        return self.parts["model"]  # the global model; a new level starts as its copy
+
+    def frozen_model(self, device: int) -> NDArrays:
+        """The device's final model of the level that just ended."""
+        prev = self.info["prev_kind"]
+        if prev == CLUSTER:
+            return self.parts[f"p{int(self.parts['prev_assign'][0][device])}"]
+        if prev == TEAM:
+            if self.team is None:
+                raise RuntimeError("the team level ended but this server holds no team model")
+            return self.team
+        return self.parts["model"]  # the global level: the root's model stopped moving when it ended
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager) -> list[tuple]:  # noqa: ANN001
+        self.current = self.parts["model"]  # what replies are checked against (shape, finiteness)
+        children = sorted(client_manager.all().values(), key=lambda p: p.cid)
+        if not self.lowest:
+            arrays, meta = pack("parts", self.parts)
+            ins = FitIns(ndarrays_to_parameters(arrays), {**self.fit_config, **meta, "team_round": server_round})
+            return [(proxy, ins) for proxy in children]
+        out = []
+        for proxy in children:
+            device = int(proxy.cid)
+            parts = {"model": self.start_model(device)}
+            extra: dict[str, Scalar] = {}
+            if self.info["first"] and self.info["level"] > 1:
+                parts["freeze"] = self.frozen_model(device)
+                extra["femam_keep"] = int(self.parts["keep"][0][device])
+            arrays, meta = pack("parts", parts)
+            config = {**self.fit_config, **meta, **extra, "team_round": server_round}
+            out.append((proxy, FitIns(ndarrays_to_parameters(arrays), config)))
+        return out
+
+    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
+        self.mean = mean_of(models, weights)
+        return self.mean
+
+    def reply_parts(self) -> dict[str, NDArrays]:
+        rows, relay = [], {}
+        for update in self.last_accepted:
+            if "device_id" in update.metrics:
+                device = int(update.metrics["device_id"])
+                rows.append([device, float(update.metrics["val_loss_sum"]), int(update.metrics["val_n"]),
+                             update.num_examples])
+                if self.info["kind"] == CLUSTER:
+                    relay[f"d{device:06d}"] = update.model
+            else:
+                rows.extend(update.parts["val"][0].tolist())
+                relay.update({k: v for k, v in update.parts.items() if k.startswith("d") and k[1:].isdigit()})
+        return {"val": [np.asarray(rows, dtype=np.float64).reshape(-1, VAL_COLUMNS)], **relay}
+
+    def node_state(self) -> dict[str, np.ndarray]:
+        """A lowest server keeps its team-level model (the mean of its devices while that level trains)."""
+        model = self.mean if self.lowest and self.info["kind"] == TEAM else self.team
+        return {f"team_{i}": a for i, a in enumerate(model)} if model is not None else {}
+
+
+# ---------------------------------------------------------------- the root
+class FemamRootStrategy(GlobalStrategy):
+    """The level schedule, the per-round grouping (K-means or nearest centre), group means, pruning."""
+
+    def __init__(self, cfg: Mapping[str, Any], initial: NDArrays, **common: Any) -> None:
+        super().__init__(initial, **common)
+        alg = cfg["algorithm"]
+        self.alg = alg
+        self.seed = int(cfg["seed"])
+        self.kinds = kinds_of(alg)
+        self.groups_per_level = [int(k) for k in alg["levels"]]
+        self.schedule = schedule_of(alg)
+        self.prune = str(alg["prune"])
+        self.num_devices = len(federation_for(cfg).devices)
+        n, levels = self.num_devices, len(self.kinds)
+        self.level, self.rounds_in_level, self.first = 0, 0, True
+        self.groups: dict[int, NDArrays] = {0: initial}
+        self.assign = np.zeros(n, dtype=np.int64)
+        self.prev_groups: dict[int, NDArrays] = {}
+        self.prev_assign = np.zeros(n, dtype=np.int64)
+        self.kept = -np.ones((n, levels), dtype=np.int64)  # -1 not decided, 1 kept, 0 pruned
+        self.val: list[list[list[float]]] = [[[] for _ in range(n)] for _ in range(levels)]
+        self.mean_val: list[list[float]] = [[] for _ in range(levels)]
+        self.level_rounds: list[int] = [0] * levels
+        self.eval_view: dict[str, Any] = {}
+        self.server_round = 0
+
+    # -- messages
+    def fit_message(self, server_round: int, parameters: Parameters) -> tuple[Parameters, dict[str, Scalar]]:
+        kind = self.kinds[self.level]
+        prev_kind = self.kinds[self.level - 1] if self.level else None
+        parts: dict[str, NDArrays] = {"model": self.current}
+        if kind == CLUSTER:
+            parts.update({f"g{k}": m for k, m in self.groups.items()})
+            parts["assign"] = [self.assign]
+        if self.first and self.level:
+            if prev_kind == CLUSTER:
+                parts.update({f"p{k}": m for k, m in self.prev_groups.items()})
+                parts["prev_assign"] = [self.prev_assign]
+            parts["keep"] = [self.kept[:, self.level - 1].copy()]
+        parts["info"] = info_array(self.level, kind, self.first, prev_kind, self.prune)
+        arrays, meta = pack("parts", parts)
+        return ndarrays_to_parameters(arrays), meta
+
+    def evaluate_message(self, server_round: int, parameters: Parameters) -> tuple[Parameters, dict[str, Scalar]]:
+        view = self.eval_view or {"level": self.level, "groups": self.groups, "assign": self.assign, "decided": None}
+        kind = self.kinds[view["level"]]
+        parts: dict[str, NDArrays] = {"gm": self.current}
+        if kind in (GLOBAL, CLUSTER):
+            parts.update({f"ctx_g{k}": m for k, m in (view["groups"] if kind == CLUSTER else {0: self.current}).items()})
+            parts["ctx_assign"] = [view["assign"] if kind == CLUSTER else np.zeros(self.num_devices, dtype=np.int64)]
+        decided = view["decided"]
+        parts["ctx_info"] = info_array(view["level"], kind, decided is not None, None, self.prune)
+        parts["ctx_keep"] = [decided if decided is not None else np.ones(self.num_devices, dtype=np.int64)]
+        arrays, meta = pack("parts", parts)
+        return ndarrays_to_parameters(arrays), meta
+
+    # -- aggregation
+    def aggregate_fit(self, server_round, results, failures):  # noqa: ANN001
+        self.server_round = server_round
+        return super().aggregate_fit(server_round, results, failures)
+
+    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
+        level, kind = self.level, self.kinds[self.level]
+        rows = np.concatenate([u.parts["val"][0] for u in self.last_accepted if "val" in u.parts])
+        rows = rows[np.argsort(rows[:, 0], kind="stable")]
+        train_sizes = {int(r[0]): float(r[3]) for r in rows}
+        losses = [float(r[1]) / float(r[2]) for r in rows]
+        for r, loss in zip(rows, losses, strict=True):
+            self.val[level][int(r[0])].append(loss)
+        self.mean_val[level].append(float(np.mean(losses)))
+        if len(rows) < self.num_devices:
+            log.warning("femam round %d: %d of %d devices reported", self.server_round, len(rows), self.num_devices)
+        new = current
+        if kind == GLOBAL:
+            new = mean_of(models, weights)
+        elif kind == CLUSTER:
+            relayed = {int(k[1:]): v for u in self.last_accepted for k, v in u.parts.items() if k.startswith("d") and k[1:].isdigit()}
+            ids = sorted(relayed)
+            self.regroup(ids, [relayed[i] for i in ids], [train_sizes[i] for i in ids])
+        self.rounds_in_level += 1
+        self.level_rounds[level] = self.rounds_in_level
+        self.first = False
+        last = level == len(self.kinds) - 1
+        done = self.server_round >= self.num_rounds if last else \
+            self.schedule.level_done(level, self.rounds_in_level, self.mean_val[level])
+        self.eval_view = {"level": level, "groups": self.groups, "assign": self.assign.copy(), "decided": None}
+        if done and self.kept[0, level] == -1:
+            self.eval_view["decided"] = self.decide(level)
+            self.write_levels()
+            if not last:
+                self.advance(new)
+        return new
+
+    def regroup(self, ids: list[int], models: list[NDArrays], weights: list[float]) -> None:
+        k = self.groups_per_level[self.level]
+        seed = derive_seed(self.seed, "femam-groups", self.server_round)
+        if self.alg["assign"] == "nearest" and self.rounds_in_level > 0:
+            labels = nearest_labels(models, self.groups)  # FeSEM: nearest of last round's centres
+        else:
+            features = np.stack([clustering_features(m) if self.alg["assign"] == "kmeans" else flat_model(m) for m in models])
+            labels = kmeans_labels(features, k, seed, int(self.alg["kmeans_n_init"]))
+        previous = self.assign.copy()
+        self.groups = group_means(models, weights, labels)
+        self.assign = np.where(np.isin(previous, list(self.groups)), previous, min(self.groups))  # devices not heard from
+        self.assign[ids] = labels
+
+    def decide(self, level: int) -> np.ndarray:
+        """Every device's keep decision for the level that just ended (level 1 is always kept)."""
+        window = int(self.alg["prune_window"])
+        for device in range(self.num_devices):
+            if level == 0 or self.prune == "none":
+                keep = True
+            else:
+                reference = last_kept(self.kept[device], level)
+                keep = keeps_level(self.val[level][device], self.val[reference][device], window)
+            self.kept[device, level] = int(keep)
+        log.info("femam: level %d ended after %d rounds; %d of %d devices keep it", level + 1,
+                 self.rounds_in_level, int(self.kept[:, level].sum()), self.num_devices)
+        return self.kept[:, level].copy()
+
+    def advance(self, level1_model: NDArrays) -> None:
+        """Start the next level: one group, a copy of the level-1 model."""
+        self.prev_groups, self.prev_assign = self.groups, self.assign
+        self.level += 1
+        self.rounds_in_level, self.first = 0, True
+        self.groups = {0: level1_model}
+        self.assign = np.zeros(self.num_devices, dtype=np.int64)
+
+    def write_levels(self) -> None:
+        if self.recorder is None:
+            return
+        record = {"levels": self.groups_per_level, "kinds": self.kinds, "rounds": self.level_rounds,
+                  "prune": self.prune, "kept": {str(d): self.kept[d].tolist() for d in range(self.num_devices)}}
+        (self.recorder.run_dir / "femam_levels.json").write_text(json.dumps(record, indent=1))
+
+    def root_evaluation(self) -> dict[str, float]:
+        """The level this round trained (1-based) and the mean number of finished levels kept per client."""
+        level = self.eval_view.get("level", self.level)
+        kept = (self.kept == 1).sum(axis=1)
+        return {"femam_level": float(level + 1), "femam_levels_kept_mean": float(kept.mean()) if len(kept) else 0.0}
+
+
+def build_node_strategy(alg: Mapping[str, Any], ctx: NodeContext) -> FemamNodeStrategy:
+    return FemamNodeStrategy(alg, ctx)
+
+
+def build_root_strategy(cfg: Mapping[str, Any], initial: NDArrays, **common: Any) -> FemamRootStrategy:
+    return FemamRootStrategy(cfg, initial, **common)
