@@ -32,9 +32,7 @@ device, MCLR) and ``synthetic`` (Synthetic(0.5, 0.5), MCLR).
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,13 +40,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reproduce_table1 import (  # noqa: E402  (the sweep runner this script shares)
     MNIST_ROOT,
     REPO,
-    Job,
-    describe,
+    finish_sweep,
     hfl_report,
     hydra_value,
+    Job,
     parse_seeds,
     pending_jobs,
-    run_all,
+    print_dry_run,
+    run_sweep,
     split_list,
     tool,
 )
@@ -157,34 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     jobs = build_jobs(args)
     pending = pending_jobs(jobs)
-
     if args.dry_run:
-        for job in jobs:
-            print(("# complete, skipped: " if job.status == "done" else "") + shlex.join(job.command))
-        print(f"# {len(jobs)} runs ({len(args.settings)} settings x {len(args.variants)} variants x "
-              f"{len(args.seeds)} seeds); {len(pending)} to run, {len(jobs) - len(pending)} complete")
+        print_dry_run(jobs, pending, f"{len(args.settings)} settings x {len(args.variants)} variants x "
+                                     f"{len(args.seeds)} seeds")
         return 0
-
-    print(f"bhfl_ablation: {len(jobs)} runs, {len(pending)} to run, {len(jobs) - len(pending)} already complete; "
-          f"{args.jobs} in parallel; output {args.out}", flush=True)
-    start = time.perf_counter()
-    run_all(jobs, args.jobs)
-    total = time.perf_counter() - start
-
+    total = run_sweep("bhfl_ablation", jobs, pending, args.jobs, args.out)
     written, failed_reports = ([], []) if args.no_report else report(args, jobs)
-
-    print("\nPer run (wall seconds of the process; s/round from summary.json):")
-    for job in jobs:
-        print(f"  {describe(job)}")
-    failed = [job for job in jobs if job.status == "failed"]
-    print(f"\nTotal wall time {total:.1f} s for {len(pending)} run(s) ({args.jobs} in parallel); "
-          f"{len(failed)} failed" + (f": {', '.join(f'{j.setting}/{j.algorithm}/seed{j.seed}' for j in failed)}"
-                                     if failed else ""))
-    for path in written:
-        print(f"report: {path}")
-    if failed_reports:
-        print(f"hfl-report failed for: {', '.join(failed_reports)}")
-    return 1 if failed or failed_reports else 0
+    return finish_sweep(jobs, pending, total, args.jobs, failed_reports, written)
 
 
 if __name__ == "__main__":

@@ -64,10 +64,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,13 +75,14 @@ from bhfl_ablation import choose  # noqa: E402  (the sweep runner these scripts 
 from reproduce_table1 import (  # noqa: E402
     MNIST_ROOT,
     REPO,
-    Job,
-    describe,
+    finish_sweep,
     hfl_report,
     hydra_value,
+    Job,
     parse_seeds,
     pending_jobs,
-    run_all,
+    print_dry_run,
+    run_sweep,
     split_list,
     tool,
 )
@@ -333,33 +332,13 @@ def main(argv: list[str] | None = None) -> int:
     jobs = build_jobs(args)
     pending = pending_jobs(jobs)
     if args.dry_run:
-        for job in jobs:
-            print(("# complete, skipped: " if job.status == "done" else "") + shlex.join(job.command))
-        print(f"# {len(jobs)} runs ({len(args.settings)} settings x {len(args.algorithms)} algorithms x "
-              f"{len(args.seeds)} seeds); {len(pending)} to run, {len(jobs) - len(pending)} complete")
+        print_dry_run(jobs, pending, f"{len(args.settings)} settings x {len(args.algorithms)} algorithms x "
+                                     f"{len(args.seeds)} seeds")
         return 0
-
-    print(f"femam_compare: {len(jobs)} runs, {len(pending)} to run, {len(jobs) - len(pending)} already complete; "
-          f"{args.jobs} in parallel; output {args.out}", flush=True)
-    start = time.perf_counter()
-    run_all(jobs, args.jobs)
-    total = time.perf_counter() - start
-
+    total = run_sweep("femam_compare", jobs, pending, args.jobs, args.out)
     written, failed_reports = ([], []) if args.no_report else report(args, jobs)
-
-    print("\nPer run (wall seconds of the process; s/round from summary.json):")
-    for job in jobs:
-        print(f"  {describe(job)}")
-    estimate(jobs, DEFAULT_ROUNDS, 3, 2)  # the default sweep at --jobs 2
-    failed = [job for job in jobs if job.status == "failed"]
-    print(f"\nTotal wall time {total:.1f} s for {len(pending)} run(s) ({args.jobs} in parallel); "
-          f"{len(failed)} failed" + (f": {', '.join(f'{j.setting}/{j.algorithm}/seed{j.seed}' for j in failed)}"
-                                     if failed else ""))
-    for path in written:
-        print(f"report: {path}")
-    if failed_reports:
-        print(f"hfl-report failed for: {', '.join(failed_reports)}")
-    return 1 if failed or failed_reports else 0
+    return finish_sweep(jobs, pending, total, args.jobs, failed_reports, written,
+                        after_runs=lambda: estimate(jobs, DEFAULT_ROUNDS, 3, 2))  # the default sweep at --jobs 2
 
 
 if __name__ == "__main__":

@@ -29,9 +29,7 @@ rounds) are both in the report.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,13 +37,14 @@ from bhfl_ablation import choose  # noqa: E402  (the sweep runner these scripts 
 from reproduce_table1 import (  # noqa: E402
     MNIST_ROOT,
     REPO,
-    Job,
-    describe,
+    finish_sweep,
     hfl_report,
     hydra_value,
+    Job,
     parse_seeds,
     pending_jobs,
-    run_all,
+    print_dry_run,
+    run_sweep,
     tool,
 )
 
@@ -126,19 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     jobs = build_jobs(args)
     pending = pending_jobs(jobs)
     if args.dry_run:
-        for job in jobs:
-            print(("# complete, skipped: " if job.status == "done" else "") + shlex.join(job.command))
+        print_dry_run(jobs, pending, "PFLEGO Table 1, MNIST")
         return 0
-    print(f"pflego_table1: {len(jobs)} runs, {len(pending)} to run; output {args.out}", flush=True)
-    start = time.perf_counter()
-    run_all(jobs, args.jobs)
-    total = time.perf_counter() - start
+    total = run_sweep("pflego_table1", jobs, pending, args.jobs, args.out)
     failed_reports = [] if args.no_report else report(args, jobs)
-    for job in jobs:
-        print(f"  {describe(job)}")
-    failed = [job for job in jobs if job.status == "failed"]
-    print(f"\nTotal wall time {total:.1f} s for {len(pending)} run(s); {len(failed)} failed")
-    return 1 if failed or failed_reports else 0
+    return finish_sweep(jobs, pending, total, args.jobs, failed_reports)
 
 
 if __name__ == "__main__":

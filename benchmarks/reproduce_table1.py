@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -346,41 +347,57 @@ def pending_jobs(jobs: list[Job]) -> list[Job]:
     return [job for job in jobs if job.status == "pending"]
 
 
+# ---------------------------------------------------------------- the sweep skeleton the scripts share
+def print_dry_run(jobs: list[Job], pending: list[Job], what: str) -> None:
+    """Every command (the complete ones marked) and a count line."""
+    for job in jobs:
+        print(("# complete, skipped: " if job.status == "done" else "") + shlex.join(job.command))
+    print(f"# {len(jobs)} runs ({what}); {len(pending)} to run, {len(jobs) - len(pending)} complete")
+
+
+def run_sweep(name: str, jobs: list[Job], pending: list[Job], workers: int, out: Path | str,
+              show_done: bool = False) -> float:
+    """Run the pending jobs ``workers`` at a time; returns the wall seconds."""
+    print(f"{name}: {len(jobs)} runs, {len(pending)} to run, {len(jobs) - len(pending)} already complete; "
+          f"{workers} in parallel; output {out}", flush=True)
+    if show_done:
+        for job in jobs:
+            if job.status == "done":
+                print(f"  {describe(job)}")
+    start = time.perf_counter()
+    run_all(jobs, workers)
+    return time.perf_counter() - start
+
+
+def finish_sweep(jobs: list[Job], pending: list[Job], total: float, workers: int, failed_reports: list[str],
+                 written: list[Path] | None = None, after_runs: Callable[[], None] | None = None) -> int:
+    """Per-run lines, totals and failures; the exit status (1 if a run or a report failed)."""
+    print("\nPer run:")
+    for job in jobs:
+        print(f"  {describe(job)}")
+    if after_runs is not None:
+        after_runs()
+    failed = [job for job in jobs if job.status == "failed"]
+    print(f"\nTotal wall time {total:.1f} s for {len(pending)} run(s) ({workers} in parallel); "
+          f"{len(failed)} failed" + (f": {', '.join(f'{j.setting}/{j.algorithm}/seed{j.seed}' for j in failed)}"
+                                     if failed else ""))
+    for path in written or []:
+        print(f"report: {path}")
+    if failed_reports:
+        print(f"hfl-report failed for: {', '.join(failed_reports)}")
+    return 1 if failed or failed_reports else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     jobs = build_jobs(args)
     pending = pending_jobs(jobs)
-
     if args.dry_run:
-        for job in jobs:
-            prefix = "# complete, skipped: " if job.status == "done" else ""
-            print(prefix + shlex.join(job.command))
-        per_setting = ", ".join(f"{s}: {sum(j.setting == s for j in jobs)}" for s in args.settings)
-        print(f"# {len(jobs)} runs ({per_setting}); {len(pending)} to run, {len(jobs) - len(pending)} complete")
+        print_dry_run(jobs, pending, ", ".join(f"{s}: {sum(j.setting == s for j in jobs)}" for s in args.settings))
         return 0
-
-    print(f"reproduce_table1: {len(jobs)} runs, {len(pending)} to run, {len(jobs) - len(pending)} already complete; "
-          f"{args.jobs} in parallel; output {args.out}", flush=True)
-    for job in jobs:
-        if job.status == "done":
-            print(f"  {describe(job)}")
-    start = time.perf_counter()
-    run_all(jobs, args.jobs)
-    total = time.perf_counter() - start
-
+    total = run_sweep("reproduce_table1", jobs, pending, args.jobs, args.out, show_done=True)
     failed_reports = [] if args.no_report else report(args, jobs)
-
-    print("\nPer run:")
-    for job in jobs:
-        print(f"  {describe(job)}")
-    timing_table(jobs)
-    failed = [job for job in jobs if job.status == "failed"]
-    print(f"\nTotal wall time {total:.1f} s for {len(pending)} run(s) ({args.jobs} in parallel); "
-          f"{len(failed)} failed" + (f": {', '.join(f'{j.setting}/{j.algorithm}/seed{j.seed}' for j in failed)}"
-                                     if failed else ""))
-    if failed_reports:
-        print(f"hfl-report failed for: {', '.join(failed_reports)}")
-    return 1 if failed or failed_reports else 0
+    return finish_sweep(jobs, pending, total, args.jobs, failed_reports, after_runs=lambda: timing_table(jobs))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from hfl.data.federation import validation_or_empty
 from hfl.store import StateStore
 from hfl.training import BatchSampler, LocalTrainer, Params
 
@@ -29,10 +30,7 @@ class DeviceRuntime:
     y_val: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        if self.x_val is None:
-            self.x_val = self.x_train.new_empty((0, *self.x_train.shape[1:]))
-        if self.y_val is None:
-            self.y_val = self.y_train.new_empty((0,))
+        self.x_val, self.y_val = validation_or_empty(self.x_train, self.y_train, self.x_val, self.y_val)
 
     @property
     def key(self) -> str:

@@ -35,7 +35,6 @@ from hfl.node import NodeContext, federation_for
 from hfl.payload import pack
 from hfl.personal import check_keys
 from hfl.seed import derive_seed
-from hfl.tree_node import model_from_state
 from strategies.base import GlobalStrategy, TeamStrategy
 from strategies.femam_rules import (
     CLUSTER, GLOBAL, KIND_CODES, KINDS, PERSONAL, TEAM, Schedule, clustering_features, flat_model,

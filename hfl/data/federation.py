@@ -39,6 +39,16 @@ DATASETS = (*GENERATED, *vision.SPECS)
 PARTITIONS = ("classes", "clusterwise", "dirichlet", "iid", "multilevel", "natural", "roundrobin")
 
 
+def validation_or_empty(x_train: torch.Tensor, y_train: torch.Tensor, x_val: torch.Tensor | None,
+                        y_val: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The validation split, or empty tensors shaped and typed like the training split's."""
+    if x_val is None:
+        x_val = x_train.new_empty((0, *x_train.shape[1:]))
+    if y_val is None:
+        y_val = y_train.new_empty((0,))
+    return x_val, y_val
+
+
 @dataclass
 class DeviceData:
     device_id: int
@@ -52,10 +62,7 @@ class DeviceData:
     y_val: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        if self.x_val is None:
-            self.x_val = self.x_train.new_empty((0, *self.x_train.shape[1:]))
-        if self.y_val is None:
-            self.y_val = self.y_train.new_empty((0,))
+        self.x_val, self.y_val = validation_or_empty(self.x_train, self.y_train, self.x_val, self.y_val)
 
 
 @dataclass

@@ -109,16 +109,22 @@ def roundrobin_classes(num_devices: int, num_classes: int, classes_per_device: i
     return [sorted(cs) for cs in owned]
 
 
+def owners_of(device_classes: list[list[int]]) -> dict[int, list[int]]:
+    """Class -> the devices owning it, in device-id order."""
+    holders: dict[int, list[int]] = {}
+    for device, classes in enumerate(device_classes):
+        for c in classes:
+            holders.setdefault(int(c), []).append(device)
+    return holders
+
+
 def partition_roundrobin(labels: np.ndarray, device_classes: list[list[int]], seed: int) -> list[np.ndarray]:
     """Deal each class's shuffled samples one at a time over its owners in device-id order.
 
     Owners of a class get counts differing by at most one; every sample of an owned class is
     used, classes nobody owns are dropped.
     """
-    holders: dict[int, list[int]] = {}
-    for device, classes in enumerate(device_classes):
-        for c in classes:
-            holders.setdefault(int(c), []).append(device)
+    holders = owners_of(device_classes)
     parts: list[list[np.ndarray]] = [[] for _ in device_classes]
     for c in sorted(holders):
         devices = holders[c]
@@ -234,10 +240,7 @@ def partition_among_owners(
     proportions and the shuffle); counts are cut by cumulative flooring, so every sample of an
     owned class goes to exactly one owner. Classes nobody owns are dropped.
     """
-    holders: dict[int, list[int]] = {}
-    for device, classes in enumerate(device_classes):
-        for c in classes:
-            holders.setdefault(int(c), []).append(device)
+    holders = owners_of(device_classes)
     parts: list[list[np.ndarray]] = [[] for _ in device_classes]
     for c in sorted(holders):
         devices = holders[c]
