@@ -117,6 +117,8 @@ class Level:
 PM = Level("PM", "PM (personalized)", ("pm",))
 GM = Level("GM", "GM (global)", ("gm",))
 GM_PROXY = Level("GM proxy", "GM proxy (root's proxy set)", ("gm_proxy",))
+# Not a model level: the PM accuracies' unweighted mean over devices (FeMAM's figure); accuracy only.
+CLIENT_MEAN_PANEL = Level("client mean", "PM client mean (unweighted over devices)", ("client_mean",))
 LEVEL_KEY = re.compile(r"(pm|gm|gm_proxy|team|level([1-9][0-9]*))_(?:accuracy|loss)")
 # Any other model an algorithm evaluates (e.g. pflego_accuracy) is a level of its own;
 # level<d> names outside LEVEL_KEY (level0, level01) are not models, nor are client means
@@ -548,7 +550,8 @@ def plot_group(rows: dict[str, Row], dataset: str, model: str, out_dir: Path) ->
     levels = group_levels(rows) or [PM, GM]
     names = []
     for quantity, scale, ylabel in QUANTITIES:
-        fig = levels_figure(rows, levels, quantity, scale, ylabel,
+        panels = [*levels, CLIENT_MEAN_PANEL] if quantity == "accuracy" and reports_client_mean(rows) else levels
+        fig = levels_figure(rows, panels, quantity, scale, ylabel,
                             f"{dataset} / {model}: mean over seeds, band = min–max")
         name = f"{safe_name(dataset)}_{safe_name(model)}_{quantity}.png"
         fig.savefig(out_dir / name, dpi=120)

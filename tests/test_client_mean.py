@@ -79,6 +79,24 @@ def test_report_has_client_mean_columns(tmp_path):
     assert "Client mean:" in markdown
 
 
+def test_accuracy_plot_has_a_client_mean_panel_when_runs_report_it(tmp_path, monkeypatch):
+    drawn = {}
+    real = report.levels_figure
+
+    def spy(rows, levels, quantity, *args):  # noqa: ANN001, ANN202
+        drawn[quantity] = [level.name for level in levels]
+        return real(rows, levels, quantity, *args)
+
+    monkeypatch.setattr(report, "levels_figure", spy)
+    write_run(tmp_path / "runs" / "ft", "fedavg_ft", [0.5, 0.8], [0.4, 0.6], [0.55, 0.75])
+    assert report.main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 0
+    assert drawn["accuracy"][-1] == "client mean" and "client mean" not in drawn["loss"]
+    monkeypatch.setattr(report, "levels_figure", spy)
+    write_run(tmp_path / "plain" / "avg", "fedavg", [None, None], [0.4, 0.6], [None, None])
+    assert report.main([str(tmp_path / "plain"), "--out", str(tmp_path / "out2")]) == 0
+    assert "client mean" not in drawn["accuracy"]
+
+
 def test_console_summary_shows_each_levels_client_mean(tmp_path):
     run = report.load_run(write_run(tmp_path / "ft", "fedavg_ft", [0.5, 0.8], [0.4, 0.6], [0.55, 0.75]))
     text = plain_text(summary_renderable(run, None))
