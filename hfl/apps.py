@@ -27,6 +27,7 @@ from hfl.errors import ConfigError
 from hfl.deploy.wiring import deployed_client, team_server_components, tier_of
 from hfl.node import build_team_node, federation_for, initial_model
 from hfl.recorder import Recorder
+from hfl.resume import Checkpoint, Resumed
 from hfl.sampling import DeviceDraw
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -34,14 +35,21 @@ schema.register()  # conf/'s files extend the schemas: whoever composes from CON
 log = logging.getLogger("hfl")
 
 
-def build_global_strategy(cfg: Mapping, run_dir: str | Path) -> Strategy:
+def run_meta(cfg: Mapping) -> dict:
+    """What summary.json says the run was."""
+    return {"algorithm": cfg["algorithm"]["name"], "dataset": cfg["dataset"]["name"], "model": cfg["model"]["name"]}
+
+
+def build_global_strategy(cfg: Mapping, run_dir: str | Path, start: Checkpoint | None = None) -> Strategy:
+    """The root strategy; with ``start``, that of a run resumed after ``start.round`` (its state
+    restored, the rounds Flower counts offset: hfl.resume)."""
     fed = federation_for(cfg)
     if cfg["runtime"]["name"] == "deployment" and fed.tree.depth != 2:
         raise ConfigError("topology", f"deployment runs three tiers (root, team hosts, devices); this tree has depth "
                                       f"{fed.tree.depth} (deeper deployments are not built yet)")
     alg = cfg["algorithm"]
-    meta = {"algorithm": alg["name"], "dataset": cfg["dataset"]["name"], "model": cfg["model"]["name"]}
-    recorder = Recorder(run_dir, meta, int(cfg["global_rounds"]))
+    restore = None if start is None else {**start.recorder, "round": start.round}
+    recorder = Recorder(run_dir, run_meta(cfg), int(cfg["global_rounds"]), restore=restore)
     module = load_module(alg, "strategy")
     common = dict(
         num_teams=len(fed.teams),
@@ -54,8 +62,18 @@ def build_global_strategy(cfg: Mapping, run_dir: str | Path) -> Strategy:
         holds = {path: frozenset(fed.tree.devices_under(path)) for path in fed.tree.children("")}
         common["device_sampling"] = DeviceDraw(len(fed.devices), float(alg["sample_fraction"]), int(cfg["seed"]), holds)
     if hasattr(module, "build_root_strategy"):  # a root that needs the whole config (state store, proxy data)
-        return module.build_root_strategy(cfg, initial_model(cfg, fed), **common)
-    return module.build_global_strategy(alg, initial_model(cfg, fed), **common)
+        strategy = module.build_root_strategy(cfg, initial_model(cfg, fed), **common)
+    else:
+        strategy = module.build_global_strategy(alg, initial_model(cfg, fed), **common)
+    if start is None:
+        return strategy
+    strategy.restore(start.strategy)
+    return Resumed(strategy, start.round)
+
+
+def rounds_left(cfg: Mapping, start: Checkpoint | None) -> int:
+    """The global rounds Flower's loop runs: all of them, or those after the checkpoint's."""
+    return int(cfg["global_rounds"]) - (start.round if start is not None else 0)
 
 
 def team_client(cfg: Mapping, context: Context) -> Client:
@@ -64,10 +82,10 @@ def team_client(cfg: Mapping, context: Context) -> Client:
     return build_team_node(cfg, team_id, cfg["runtime"]["state_dir"]).to_client()
 
 
-def make_server_app(cfg: Mapping, run_dir: str | Path) -> ServerApp:
+def make_server_app(cfg: Mapping, run_dir: str | Path, start: Checkpoint | None = None) -> ServerApp:
     def server_fn(context: Context) -> ServerAppComponents:
-        strategy = build_global_strategy(cfg, run_dir)
-        return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=int(cfg["global_rounds"])))
+        strategy = build_global_strategy(cfg, run_dir, start)
+        return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds_left(cfg, start)))
 
     return ServerApp(server_fn=server_fn)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import statistics
 from pathlib import Path
@@ -15,6 +16,8 @@ from flwr.common import NDArrays
 
 from hfl import run_report
 from hfl.console import ROUND, SHOW, round_line
+from hfl.resume import Checkpoint, write_checkpoint
+from hfl.store import atomic_savez
 
 log = logging.getLogger("hfl")
 
@@ -48,28 +51,72 @@ def accuracy_keys(lines: list[dict]) -> list[str]:
     return first + sorted(found - set(first))
 
 
+def _rewrite(path: Path, lines: list[str]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(line + "\n" for line in lines))
+    os.replace(tmp, path)
+
+
+def rows_up_to(path: Path, key: str, last_round: int) -> list[str]:
+    """The lines of a .jsonl file whose ``key`` is at most ``last_round`` (a line cut short by a
+    killed run is dropped)."""
+    if not path.exists():
+        return []
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get(key), int) and row[key] <= last_round:
+            kept.append(line)
+    return kept
+
+
 class Recorder:
-    def __init__(self, run_dir: str | Path, meta: dict, num_rounds: int) -> None:
+    """``restore`` (a ``state()`` with its ``round``): go on with a run resumed after that round;
+    metrics.jsonl and samples.jsonl are cut back to it (hfl.resume)."""
+
+    def __init__(self, run_dir: str | Path, meta: dict, num_rounds: int, restore: dict | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "checkpoints").mkdir(exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
-        self.metrics_path.write_text("")
+        self.samples_path = self.run_dir / "samples.jsonl"
         self.meta = meta
         self.num_rounds = num_rounds
         self.round_seconds: list[float] = []
         self.lines: list[dict] = []
         self.totals = dict.fromkeys(TRAFFIC_KEYS, 0)
         self.failures = 0
+        if restore is None:
+            self.metrics_path.write_text("")
+            self.samples_path.unlink(missing_ok=True)
+            return
+        self.round_seconds = list(restore["round_seconds"])
+        self.lines = [dict(line) for line in restore["lines"]]
+        self.totals = dict(restore["totals"])
+        self.failures = int(restore["failures"])
+        # The checkpoint's lines are the rows of its rounds, written as round_done writes them.
+        _rewrite(self.metrics_path, [json.dumps(line) for line in self.lines])
+        _rewrite(self.samples_path, rows_up_to(self.samples_path, "global_round", int(restore["round"])))
 
-    def round_done(self, rnd: int, seconds: float, counters: dict, evaluation: dict | None, model: NDArrays) -> None:
+    def state(self) -> dict:
+        """What a resumed run's recorder needs (hfl.resume)."""
+        return {"round_seconds": list(self.round_seconds), "lines": [dict(line) for line in self.lines],
+                "totals": dict(self.totals), "failures": self.failures}
+
+    def round_done(self, rnd: int, seconds: float, counters: dict, evaluation: dict | None, model: NDArrays,
+                   resume_state: dict | None = None) -> None:
+        """Record global round ``rnd``; with ``resume_state`` (the root strategy's), write the
+        checkpoint a killed run resumes from, before the last round's summary and plots."""
         self.round_seconds.append(seconds)
         self.failures += int(counters.get("failures", 0))
         moved = traffic(counters)
         for key, value in moved.items():
             self.totals[key] = self.totals.get(key, 0) + value
         if counters.get("samples"):
-            with (self.run_dir / "samples.jsonl").open("a") as f:
+            with self.samples_path.open("a") as f:
                 records = [record for block in counters["samples"] for record in json.loads(block)]
                 # Level-1 nodes answer in any order: write the records in tree order.
                 for record in sorted(records, key=lambda r: (_natural(r["node"]), _natural(r["round"]))):
@@ -84,11 +131,13 @@ class Recorder:
             self.lines.append(line)
             with self.metrics_path.open("a") as f:
                 f.write(json.dumps(line) + "\n")
-            np.savez(self.run_dir / "checkpoints" / "global_model.npz", *model, round=np.array(rnd))
+            atomic_savez(self.run_dir / "checkpoints" / "global_model.npz", *model, round=np.array(rnd))
             # The console shows this line (hfl.console); ROUND moves its progress bar.
             log.info("%s", round_line(line, self.num_rounds), extra={ROUND: rnd, SHOW: "run"})
         else:
             log.info("round %d/%d trained, not evaluated, %.2fs", rnd, self.num_rounds, seconds, extra={ROUND: rnd})
+        if resume_state is not None:
+            write_checkpoint(self.run_dir, Checkpoint(rnd, resume_state, self.state()))
         if rnd == self.num_rounds:
             self.write_summary()
             self.draw()

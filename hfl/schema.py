@@ -390,6 +390,7 @@ class HflConfig:
     global_rounds: int = MISSING  # T
     eval_every: int = MISSING
     seed: int = MISSING
+    resume: bool = MISSING  # go on with the killed run in hydra.run.dir (hfl.resume)
 
 
 # group -> {schema name -> dataclass}; a YAML file names one as /schema/<group>/<name>@_here_.

@@ -18,21 +18,24 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from hfl import console, schema
-from hfl.apps import CONF_DIR, build_global_strategy, make_client_app, make_server_app
+from hfl.apps import CONF_DIR, build_global_strategy, make_client_app, make_server_app, rounds_left, run_meta
 from hfl.config import validate
 from hfl.errors import ConfigError, DatasetNotFoundError
 from hfl.inprocess import InProcessClientProxy, client_manager_of
 from hfl.node import build_team_node, check_tree, federation_for, initial_model
+from hfl.recorder import Recorder
 from hfl.report import load_run
+from hfl.resume import Checkpoint, prepare
 
 log = logging.getLogger("hfl")
 ray_actors = logging.getLogger("ray.actors")
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def run_inprocess(cfg: Mapping, run_dir: Path) -> None:
+def run_inprocess(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None) -> None:
     """Flower's legacy server loop over team nodes in this process (no Ray): the same
-    strategies and clients, used for tests and to measure the runtime's overhead."""
+    strategies and clients, used for tests and to measure the runtime's overhead. ``start``:
+    go on after that checkpoint's round (hfl.resume)."""
     import torch
 
     torch.set_num_threads(int(cfg["runtime"]["torch_threads"]))
@@ -41,9 +44,9 @@ def run_inprocess(cfg: Mapping, run_dir: Path) -> None:
         InProcessClientProxy(f"{t:06d}", lambda t=t: build_team_node(cfg, t, cfg["runtime"]["state_dir"]).to_client())
         for t in range(teams)
     ]
-    server = Server(client_manager=client_manager_of(proxies), strategy=build_global_strategy(cfg, run_dir))
+    server = Server(client_manager=client_manager_of(proxies), strategy=build_global_strategy(cfg, run_dir, start))
     server.set_max_workers(1)
-    server.fit(num_rounds=int(cfg["global_rounds"]), timeout=None)
+    server.fit(num_rounds=rounds_left(cfg, start), timeout=None)
 
 
 def _actor_lines_to_log(data: dict, ignore_prefix: bool = False) -> None:
@@ -85,8 +88,8 @@ def ray_output_to_log() -> Iterator[dict]:
             ray_worker.print_to_stdstream = printer
 
 
-def run_simulation(cfg: Mapping, run_dir: Path) -> None:
-    """Flower's Simulation Runtime (Ray): one SuperNode per team."""
+def run_simulation(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None) -> None:
+    """Flower's Simulation Runtime (Ray): one SuperNode per team (``start`` as run_inprocess's)."""
     from flwr.simulation import run_simulation as flwr_run_simulation
 
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
@@ -99,7 +102,7 @@ def run_simulation(cfg: Mapping, run_dir: Path) -> None:
     # (hfl.console), and Flower's DEBUG lines, which the log file always has.
     with ray_output_to_log() as logging_args:
         flwr_run_simulation(
-            server_app=make_server_app(cfg, run_dir),
+            server_app=make_server_app(cfg, run_dir, start),
             client_app=make_client_app(cfg),
             num_supernodes=len(federation_for(cfg).teams),
             backend_config={"client_resources": {"num_cpus": runtime["num_cpus_per_team"], "num_gpus": 0.0},
@@ -110,7 +113,9 @@ def run_simulation(cfg: Mapping, run_dir: Path) -> None:
 
 def run(cfg: Mapping, run_dir: str | Path) -> dict:
     """Validate, build the federation (failing before training on bad input), run, and
-    return the summary; raises if the run did not complete every round."""
+    return the summary; raises if the run did not complete every round. With ``resume``
+    true, go on with the run killed in ``run_dir`` after its last completed global round
+    (hfl.resume); a finished run is only reported."""
     cfg = json.loads(json.dumps(cfg))  # a private, plain copy
     run_dir = Path(run_dir)
     validate(cfg)
@@ -120,12 +125,21 @@ def run(cfg: Mapping, run_dir: str | Path) -> dict:
     fed = federation_for(cfg)
     check_tree(cfg, fed.tree)
     initial_model(cfg, fed)  # the model must fit the data before any process starts
+    start = prepare(cfg, run_dir)  # refuses a resumption of another config; rolls the state store back
+    rounds = int(cfg["global_rounds"])
+    if start is not None and start.round >= rounds:
+        log.info("hfl: the run in %s is complete (%d of %d global rounds); nothing to resume",
+                 console.shown_path(run_dir), start.round, rounds, extra={console.SHOW: "run"})
+        return finished_summary(cfg, run_dir, start)
+    if cfg.get("resume", False):
+        log.info("hfl: resuming the run in %s after global round %d of %d", console.shown_path(run_dir),
+                 start.round if start is not None else 0, rounds, extra={console.SHOW: "run"})
     cfg["runtime"]["state_dir"] = str(run_dir / "state")
     log.info("hfl: %s on %s/%s, a tree of depth %d with %d level-1 nodes and %d devices, %d global rounds -> %s",
              cfg["algorithm"]["name"], cfg["dataset"]["name"], cfg["model"]["name"], fed.tree.depth, len(fed.teams),
              len(fed.devices), cfg["global_rounds"], console.shown_path(run_dir), extra={console.SHOW: "run"})
     (run_dir / "state").mkdir(parents=True, exist_ok=True)
-    (run_inprocess if cfg["runtime"]["name"] == "inprocess" else run_simulation)(cfg, run_dir)
+    (run_inprocess if cfg["runtime"]["name"] == "inprocess" else run_simulation)(cfg, run_dir, start)
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     if summary.get("rounds") != cfg["global_rounds"]:
@@ -133,6 +147,19 @@ def run(cfg: Mapping, run_dir: str | Path) -> dict:
             f"the run stopped after {summary.get('rounds', 0)} of {cfg['global_rounds']} global rounds; "
             "see the log above for the Flower error"
         )
+    return summary
+
+
+def finished_summary(cfg: Mapping, run_dir: Path, done: Checkpoint) -> dict:
+    """A finished run's summary; written again (with its plots) if the run was killed after its
+    last checkpoint and before them."""
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    if summary.get("rounds") == cfg["global_rounds"]:
+        return summary
+    recorder = Recorder(run_dir, run_meta(cfg), int(cfg["global_rounds"]), restore={**done.recorder, "round": done.round})
+    summary = recorder.write_summary()
+    recorder.draw()
     return summary
 
 

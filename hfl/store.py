@@ -2,33 +2,102 @@
 
 Flower ships ``context.state`` to the simulation actor and back on every message, and Ray
 actors do not stick to nodes, so per-device models live here instead (DESIGN.md).
+
+Versions, for resuming a killed run (hfl.resume): a store told the global round it computes
+(``round``; a node sets it when its fit starts) tags what it saves with that round and keeps
+the key's previous version — the newest one saved in an earlier round — under ``previous/``.
+``<root>/<key>.npz`` is always the newest version (what ``load`` reads). A run killed during
+global round R+1 is resumed after ``rollback(R)``: every key goes back to its newest version
+of round R or before, whatever round R+1 had already written.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
 
+ROUND = "__round__"  # the tag saved inside each file; load() strips it
+PREVIOUS = "previous"
+TMP = re.compile(r"^\..*\.tmp\.npz$")
+
 
 class StateStore:
-    def __init__(self, root: str | os.PathLike) -> None:
+    def __init__(self, root: str | os.PathLike, round: int | None = None) -> None:  # noqa: A002 - the global round
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.round = round  # the global round being computed: what save() tags versions with (None: untagged)
 
     def _path(self, key: str) -> Path:
         return self.root / f"{key}.npz"
+
+    def _previous(self, key: str) -> Path:
+        return self.root / PREVIOUS / f"{key}.npz"
 
     def load(self, key: str) -> dict[str, np.ndarray] | None:
         path = self._path(key)
         if not path.exists():
             return None
         with np.load(path) as data:
-            return {name: data[name] for name in data.files}
+            return {name: data[name] for name in data.files if name != ROUND}
 
     def save(self, key: str, arrays: dict[str, np.ndarray]) -> None:
-        atomic_savez(self._path(key), **arrays)
+        path = self._path(key)
+        if self.round is None:
+            atomic_savez(path, **arrays)
+            return
+        if path.exists() and version_of(path) != self.round:
+            # The first save of this round: the version before it becomes the previous one (an
+            # older previous version is dropped). Killed between the two steps, the key has only
+            # its previous version, which rollback() restores.
+            (self.root / PREVIOUS).mkdir(exist_ok=True)
+            os.replace(path, self._previous(key))
+        atomic_savez(path, **arrays, **{ROUND: np.array(self.round, dtype=np.int64)})
+
+    def versions(self, key: str) -> list[tuple[int, Path]]:
+        """The key's stored versions, (round, file), newest first; an untagged file counts as round 0."""
+        found = [(version_of(p), p) for p in (self._path(key), self._previous(key)) if p.exists()]
+        return sorted(found, key=lambda v: -v[0])
+
+    def rollback(self, last_round: int) -> None:
+        """Every key back to its newest version of ``last_round`` or earlier (a key with none is
+        removed); half-written files are removed. Run it while no node is running."""
+        keys: set[str] = set()
+        for folder in (self.root, self.root / PREVIOUS):
+            if not folder.is_dir():
+                continue
+            for path in folder.iterdir():
+                if TMP.match(path.name):
+                    path.unlink(missing_ok=True)
+                elif path.suffix == ".npz" and path.is_file():
+                    keys.add(path.name[: -len(".npz")])
+        for key in sorted(keys):
+            kept = False
+            for rnd, path in self.versions(key):  # newest first
+                if rnd > last_round or kept:
+                    if rnd > last_round:
+                        path.unlink()
+                    continue
+                if path != self._path(key):
+                    os.replace(path, self._path(key))
+                kept = True
+
+    def clear(self) -> None:
+        """Remove every stored key (a fresh run in a directory that held another)."""
+        for path in self.root.iterdir():
+            if path.name == PREVIOUS and path.is_dir():
+                shutil.rmtree(path)
+            elif path.suffix == ".npz" and path.is_file():
+                path.unlink()
+
+
+def version_of(path: Path) -> int:
+    """The global round a stored file was saved in (0 when untagged)."""
+    with np.load(path) as data:
+        return int(data[ROUND]) if ROUND in data.files else 0
 
 
 def atomic_savez(path: str | os.PathLike, *args: np.ndarray, **kwargs: np.ndarray) -> None:

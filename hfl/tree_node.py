@@ -143,8 +143,11 @@ class NodeClient(NumPyClient):
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         start = time.perf_counter()
         spec = self.spec
-        strategy = self.make_strategy(unpack(parameters, config), self.store.load(spec.store_key))
         round_path = str(config.get("round_path", config.get("global_round", 0)))
+        # What this call saves (its state, its devices') is a version of the global round it
+        # computes, the first entry of its round path (hfl.store: resuming rolls back to a round).
+        self.store.round = int(round_path.split(".")[0])
+        strategy = self.make_strategy(unpack(parameters, config), self.store.load(spec.store_key))
 
         def sample(server_round: int, children: list) -> list:
             return self._asked_children(children, config, round_path, server_round)

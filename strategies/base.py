@@ -33,6 +33,7 @@ from hfl.aggregate import nbytes, update_problem
 from hfl.evaluation import pool_evaluations
 from hfl.payload import unpack
 from hfl.sampling import DeviceDraw
+from hfl.store import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,15 @@ class TeamStrategy(Strategy):
 
 class GlobalStrategy(Strategy):
     """The global server over team nodes: all teams every round, evaluation every
-    ``eval_every`` rounds (and the last), fails loudly when a round aggregates nothing."""
+    ``eval_every`` rounds (and the last), fails loudly when a round aggregates nothing.
+
+    Its state between rounds is its attributes: a killed run resumes from ``resume_state()``,
+    written at the end of every round (hfl.resume), so a subclass's own attributes (optimiser
+    moments, schedules, histories) are covered without code of its own. ``transient`` names
+    those that are not state (rebuilt, or reset within a round); a state store is never state
+    (it has versions of its own, hfl.store)."""
+
+    transient: tuple[str, ...] = ("recorder", "_paths", "_round", "last_accepted")
 
     def __init__(
         self,
@@ -294,7 +303,15 @@ class GlobalStrategy(Strategy):
         """Metrics the root computes itself (e.g. on its own proxy test data); none by default."""
         return {}
 
+    def resume_state(self) -> dict:
+        """What a resumed run restores (``restore``): every attribute but the transient ones."""
+        return {k: v for k, v in vars(self).items() if k not in self.transient and not isinstance(v, StateStore)}
+
+    def restore(self, state: Mapping) -> None:
+        vars(self).update(state)
+
     def _finish(self, server_round: int, evaluation: dict | None) -> None:
         seconds = time.perf_counter() - self._round.pop("start")
         if self.recorder is not None:
-            self.recorder.round_done(server_round, seconds, dict(self._round), evaluation, self.current)
+            self.recorder.round_done(server_round, seconds, dict(self._round), evaluation, self.current,
+                                     resume_state=self.resume_state())

@@ -255,6 +255,10 @@ class BHFLRootStrategy(GlobalStrategy):
     """The root: T_0 = global_rounds rounds of (proxy training, broadcast, merge up); its model
     and optimiser states are written to the state store (node-root) after every round."""
 
+    # The proxy trainer (data, model, sampler) is rebuilt from the store, which a resumed run has
+    # rolled back to the checkpoint's round: its sampler state is not pickled every round.
+    transient = (*GlobalStrategy.transient, "proxy")
+
     def __init__(self, cfg: Mapping[str, Any], initial: NDArrays, **common: Any) -> None:
         self.alg = cfg["algorithm"]
         self.store = StateStore(cfg["runtime"]["state_dir"])
@@ -268,6 +272,7 @@ class BHFLRootStrategy(GlobalStrategy):
         self.proxy = ProxyTrainer.maybe(ctx, stored)
 
     def configure_fit(self, server_round, parameters, client_manager):  # noqa: ANN001
+        self.store.round = server_round  # the root's state is a version of this round (hfl.store)
         if self.proxy is not None:
             parameters = ndarrays_to_parameters(self.proxy.train(parameters))
         return super().configure_fit(server_round, parameters, client_manager)

@@ -1,0 +1,160 @@
+"""Resume a killed ``hfl-simulate`` run from its last completed global round.
+
+``hfl-simulate <the run's overrides> resume=true hydra.run.dir=<its directory>`` ends with the
+same models and the same metrics.jsonl (but for wall-clock fields) as a run never interrupted:
+
+- at its start a run records its config (``checkpoints/config.json``); a resumption refuses a
+  different one, naming the keys (those in ``FREE_KEYS`` may differ);
+- at the end of every global round (after its evaluation, or after its fit when the round is
+  not evaluated) the root writes ``checkpoints/resume.pkl``: the round, the root strategy's
+  state (``GlobalStrategy.resume_state``: its attributes, whatever the algorithm) and the
+  recorder's (hfl.recorder);
+- inner nodes and devices keep their state in the versioned store (hfl.store): before anything
+  runs, a resumption rolls it back to the checkpoint's round R, whatever round R+1 wrote, and the
+  recorder rewrites metrics.jsonl and samples.jsonl up to round R;
+- Flower counts rounds from 1: the remaining T - R rounds run behind ``Resumed``, which shows
+  the strategy the true global rounds (FitIns ``global_round`` and the round paths included,
+  so every seeded stream — sampling, device draws, FeMAM's K-means — is the one of those rounds).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flwr.common import Parameters, ndarrays_to_parameters
+from flwr.server.strategy import Strategy
+
+from hfl.errors import ConfigError
+from hfl.store import StateStore
+
+log = logging.getLogger("hfl")
+
+CHECKPOINT = Path("checkpoints") / "resume.pkl"
+CONFIG = Path("checkpoints") / "config.json"
+# Keys that say how a run runs, not what it computes: they may differ when it is resumed.
+FREE_KEYS = ("resume", "hydra", "runtime.verbose", "runtime.torch_threads", "runtime.ray_tmp_dir",
+             "runtime.num_cpus_per_team", "runtime.state_dir")
+
+
+@dataclass
+class Checkpoint:
+    round: int  # the last completed global round
+    strategy: dict[str, Any]  # GlobalStrategy.resume_state()
+    recorder: dict[str, Any]  # Recorder.state()
+
+
+def write_checkpoint(run_dir: str | os.PathLike, checkpoint: Checkpoint) -> None:
+    """Atomically (a temporary file, then a rename): a run killed while writing keeps the last one."""
+    path = Path(run_dir) / CHECKPOINT
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("wb") as f:
+        pickle.dump(checkpoint, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)
+
+
+def read_checkpoint(run_dir: str | os.PathLike) -> Checkpoint | None:
+    path = Path(run_dir) / CHECKPOINT
+    if not path.exists():
+        return None
+    with path.open("rb") as f:
+        return pickle.load(f)  # noqa: S301 - the run's own file
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a.b": leaf}: mappings flattened by key, every other value (lists included) a leaf."""
+    if isinstance(value, Mapping) and (value or not prefix):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
+def _free(key: str) -> bool:
+    return any(key == free or key.startswith(free + ".") for free in FREE_KEYS)
+
+
+def differing_keys(saved: Mapping, current: Mapping) -> list[tuple[str, Any, Any]]:
+    """(key, the saved value, the current one) for every key (but ``FREE_KEYS``) whose value
+    differs or that only one of them has (``<absent>``)."""
+    a, b = flatten(saved), flatten(current)
+    absent = "<absent>"
+    return [(k, a.get(k, absent), b.get(k, absent)) for k in sorted(set(a) | set(b))
+            if not _free(k) and (k not in a or k not in b or a[k] != b[k])]
+
+
+def record_config(cfg: Mapping, run_dir: Path) -> None:
+    path = run_dir / CONFIG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(cfg, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def prepare(cfg: Mapping, run_dir: str | os.PathLike) -> Checkpoint | None:
+    """Run before any node starts (in the driver). A fresh run (``resume`` false) records its
+    config and empties the directory's state store and checkpoint; a resumption checks the
+    config against the recorded one and rolls the store back to the checkpoint's round. Returns
+    the checkpoint to go on from; None to start at round 1 (a fresh run, or a run killed before
+    it completed a round)."""
+    run_dir = Path(run_dir)
+    if not cfg.get("resume", False):
+        StateStore(run_dir / "state").clear()
+        (run_dir / CHECKPOINT).unlink(missing_ok=True)
+        record_config(cfg, run_dir)
+        return None
+    recorded = run_dir / CONFIG
+    if not recorded.exists():
+        raise ConfigError("resume", f"{run_dir} holds no run to resume (no {CONFIG}): give the directory of the "
+                                    "run as hydra.run.dir, or drop resume=true to start a new run")
+    diff = differing_keys(json.loads(recorded.read_text()), cfg)
+    if diff:
+        shown = "; ".join(f"{key}: {old!r} there, {new!r} here" for key, old, new in diff)
+        raise ConfigError("resume", f"{run_dir} holds a run of another configuration; these keys differ: {shown} "
+                                    "(resume it with the overrides it was started with)")
+    checkpoint = read_checkpoint(run_dir)
+    StateStore(run_dir / "state").rollback(checkpoint.round if checkpoint else 0)
+    return checkpoint
+
+
+class Resumed(Strategy):
+    """The root strategy of a resumed run. Flower counts rounds from 1: the strategy sees
+    ``offset`` + Flower's round, and starts from the checkpoint's model."""
+
+    def __init__(self, inner: Strategy, offset: int) -> None:
+        self.inner = inner
+        self.offset = offset
+
+    def __getattr__(self, name: str) -> Any:  # anything else is the inner strategy's
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __repr__(self) -> str:
+        return f"Resumed({self.inner!r}, after round {self.offset})"
+
+    def initialize_parameters(self, client_manager) -> Parameters | None:  # noqa: ANN001
+        return ndarrays_to_parameters(self.inner.current)
+
+    def configure_fit(self, server_round, parameters, client_manager):  # noqa: ANN001
+        return self.inner.configure_fit(server_round + self.offset, parameters, client_manager)
+
+    def aggregate_fit(self, server_round, results, failures):  # noqa: ANN001
+        return self.inner.aggregate_fit(server_round + self.offset, results, failures)
+
+    def configure_evaluate(self, server_round, parameters, client_manager):  # noqa: ANN001
+        return self.inner.configure_evaluate(server_round + self.offset, parameters, client_manager)
+
+    def aggregate_evaluate(self, server_round, results, failures):  # noqa: ANN001
+        return self.inner.aggregate_evaluate(server_round + self.offset, results, failures)
+
+    def evaluate(self, server_round, parameters):  # noqa: ANN001
+        return self.inner.evaluate(server_round + self.offset, parameters)
