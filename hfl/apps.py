@@ -24,6 +24,7 @@ from flwr.server.strategy import Strategy
 from hfl import schema
 from hfl.config import load_module, validate
 from hfl.errors import ConfigError
+from hfl.faults import Dropout, dropout_fractions
 from hfl.deploy.wiring import deployed_client, team_server_components, tier_of
 from hfl.node import build_team_node, federation_for, initial_model
 from hfl.recorder import Recorder
@@ -57,7 +58,11 @@ def build_global_strategy(cfg: Mapping, run_dir: str | Path, start: Checkpoint |
         eval_every=int(cfg["eval_every"]),
         recorder=recorder,
         team_wait_seconds=float(cfg["runtime"].get("team_wait_seconds", 60)),
+        min_fit_fraction=float(alg.get("min_fit_fraction", 1.0)),
     )
+    _, node_dropout = dropout_fractions(cfg["runtime"])
+    if node_dropout > 0:  # runtime.dropout_nodes: the root drops level-1 nodes too (hfl.faults)
+        common["dropout"] = Dropout(node_dropout, int(cfg["seed"]))
     if alg.get("sampling", "children") == "devices":
         holds = {path: frozenset(fed.tree.devices_under(path)) for path in fed.tree.children("")}
         common["device_sampling"] = DeviceDraw(len(fed.devices), float(alg["sample_fraction"]), int(cfg["seed"]), holds)

@@ -162,3 +162,13 @@ def validate(cfg: Mapping) -> None:
         raise ConfigError("algorithm.name", f"{alg.get('name')!r} keeps node state across calls, which the "
                                             "deployment's team runs do not carry yet; run it in simulation")
     _number(cfg, "runtime.torch_threads", minimum=1, integer=True)
+    for key in ("dropout", "dropout_nodes"):  # simulated faults (hfl.faults)
+        if key in runtime:
+            check_number(f"runtime.{key}", runtime[key], minimum=0, maximum=1, open_max=True)
+            if runtime[key] > 0 and runtime.get("name") == "deployment":
+                raise ConfigError(f"runtime.{key}", "simulated faults are for runtime=simulation and "
+                                                    "runtime=inprocess; a deployment has real ones")
+    address = runtime.get("ray_address")
+    if address is not None and (not isinstance(address, str) or not address.strip()):
+        raise ConfigError("runtime.ray_address", "must be null (a fresh local Ray instance) or the address of a Ray "
+                                                 f"cluster ('auto', 'host:port', 'ray://host:port'), got {address!r}")

@@ -33,6 +33,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from hfl.aggregate import nbytes
+from hfl.faults import SimulatedFault
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,9 @@ def run_fit_rounds(
             try:
                 res = proxy.fit(ins, timeout=None, group_id=server_round)
             except Exception as exc:  # a dead child is counted, the round goes on
-                log.warning("client %s failed in round %d: %r", proxy.cid, server_round, exc)
+                # A simulated fault (runtime.dropout) is expected: the log file has it, the console not.
+                log.log(logging.INFO if isinstance(exc, SimulatedFault) else logging.WARNING,
+                        "client %s failed in round %d: %r", proxy.cid, server_round, exc)
                 failures.append(exc)
                 continue
             if res.status.code != Code.OK:
@@ -149,9 +152,11 @@ def run_fit_rounds(
         report.failures += len(failures)
         aggregated, metrics = strategy.aggregate_fit(server_round, results, failures)
         if aggregated is None:
+            needed = metrics.get("needed")
+            needed = f"; {needed} usable updates needed (algorithm.min_fit_fraction)" if needed is not None else ""
             raise RuntimeError(
-                f"round {server_round}: no model aggregated from {len(results)} results "
-                f"({metrics.get('rejected', 0)} rejected as NaN/Inf or misshaped), {len(failures)} failures"
+                f"round {here}: no model aggregated from {len(results)} results "
+                f"({metrics.get('rejected', 0)} rejected as NaN/Inf or misshaped), {len(failures)} failures{needed}"
             )
         parameters = aggregated
         report.metrics.append(dict(metrics))

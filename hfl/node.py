@@ -18,6 +18,7 @@ from hfl.config import load_module
 from hfl.data import DeviceData, Federation, build_federation
 from hfl.device import DeviceRuntime
 from hfl.errors import ConfigError
+from hfl.faults import dropout_fractions
 from hfl.inprocess import InProcessClientProxy, client_manager_of
 from hfl.models import build_model
 from hfl.payload import Payload
@@ -194,8 +195,12 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
         def make_strategy(payload, state):  # noqa: ANN001, ANN202
             return strategy_module.build_team_strategy(alg, payload.main)
 
+    # Simulated faults (hfl.faults): the lowest servers drop devices, the others child nodes.
+    device_dropout, node_dropout = dropout_fractions(cfg.get("runtime", {}))
     spec = NodeSpec(path, level_rounds(alg, level, tree.depth), level_fraction(alg, level), int(cfg["seed"]),
-                    tree.is_lowest(path), device_sampling=alg.get("sampling", "children") == "devices")
+                    tree.is_lowest(path), device_sampling=alg.get("sampling", "children") == "devices",
+                    dropout=device_dropout if tree.is_lowest(path) else node_dropout,
+                    faults=device_dropout > 0 or node_dropout > 0)
     return NodeClient(spec, client_manager_of(proxies), make_strategy, store,
                       personalized=bool(alg["personalized"]), global_model=bool(alg.get("global_model", True)),
                       persist=persist, holds=holds, pm_base=alg.get("pm_base"),

@@ -40,7 +40,10 @@ CHECKPOINT = Path("checkpoints") / "resume.pkl"
 CONFIG = Path("checkpoints") / "config.json"
 # Keys that say how a run runs, not what it computes: they may differ when it is resumed.
 FREE_KEYS = ("resume", "hydra", "runtime.verbose", "runtime.torch_threads", "runtime.ray_tmp_dir",
-             "runtime.num_cpus_per_team", "runtime.state_dir")
+             "runtime.ray_address", "runtime.num_cpus_per_team", "runtime.state_dir")
+# Keys added after runs began recording their config, with the value such a run had in effect:
+# a run recorded without one resumes with that value.
+ADDED_KEYS = {"runtime.dropout": 0.0, "runtime.dropout_nodes": 0.0}
 
 
 @dataclass
@@ -86,6 +89,7 @@ def differing_keys(saved: Mapping, current: Mapping) -> list[tuple[str, Any, Any
     """(key, the saved value, the current one) for every key (but ``FREE_KEYS``) whose value
     differs or that only one of them has (``<absent>``)."""
     a, b = flatten(saved), flatten(current)
+    a = {**{k: v for k, v in ADDED_KEYS.items() if k in b}, **a}
     absent = "<absent>"
     return [(k, a.get(k, absent), b.get(k, absent)) for k in sorted(set(a) | set(b))
             if not _free(k) and (k not in a or k not in b or a[k] != b[k])]

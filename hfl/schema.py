@@ -352,12 +352,16 @@ class TreeTopologyConfig(TopologyConfig):
 class RuntimeConfig:
     name: str = MISSING  # simulation | inprocess | deployment (checked by hfl.config)
     torch_threads: int = MISSING
+    # Simulated faults (hfl.faults), in [0, 1) (checked by hfl.config; 0 in deployment, which has real ones)
+    dropout: float = MISSING  # of the devices a lowest server asks, the fraction failing each round
+    dropout_nodes: float = MISSING  # of the inner nodes a node (the root included) asks, likewise
 
 
 @dataclass
 class SimulationRuntimeConfig(RuntimeConfig):
     num_cpus_per_team: float = MISSING
     ray_tmp_dir: Optional[str] = MISSING
+    ray_address: Optional[str] = MISSING  # null: a fresh local Ray instance; else the cluster to join
     verbose: bool = MISSING
 
 

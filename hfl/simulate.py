@@ -88,6 +88,21 @@ def ray_output_to_log() -> Iterator[dict]:
             ray_worker.print_to_stdstream = printer
 
 
+def ray_init_args(runtime: Mapping) -> dict:
+    """The ``ray.init`` arguments of a simulation (Flower's ``backend_config["init_args"]``, which
+    its Ray backend passes to ``ray.init`` as they are). ``runtime.ray_address`` null starts a
+    fresh local Ray instance explicitly (``address="local"``): ``ray.init()`` without an address
+    would join whatever ``RAY_ADDRESS`` or ``<temp dir>/ray_current_cluster`` names, even a
+    cluster long dead (a run then waits minutes and dies). A value (``"auto"``, ``"host:6379"``,
+    ``"ray://host:10001"``) joins that cluster. ``runtime.ray_tmp_dir`` is Ray's temp directory
+    (where a fresh instance writes its session, and where ``"auto"`` looks for one)."""
+    address = runtime.get("ray_address")
+    args: dict = {"address": str(address) if address else "local", "include_dashboard": False}
+    if runtime.get("ray_tmp_dir"):
+        args["_temp_dir"] = str(runtime["ray_tmp_dir"])
+    return args
+
+
 def run_simulation(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None) -> None:
     """Flower's Simulation Runtime (Ray): one SuperNode per team (``start`` as run_inprocess's)."""
     from flwr.simulation import run_simulation as flwr_run_simulation
@@ -95,9 +110,7 @@ def run_simulation(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None)
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     runtime = cfg["runtime"]
     verbose = bool(runtime.get("verbose", False))
-    init_args: dict = {"include_dashboard": False}
-    if runtime.get("ray_tmp_dir"):
-        init_args["_temp_dir"] = str(runtime["ray_tmp_dir"])
+    init_args = ray_init_args(runtime)
     # Ray's lines always reach the log file; runtime.verbose lets the console show them too
     # (hfl.console), and Flower's DEBUG lines, which the log file always has.
     with ray_output_to_log() as logging_args:

@@ -21,6 +21,7 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import Strategy
 
 from hfl.evaluation import DeviceScore, add_reports, evaluation_result, target_report
+from hfl.faults import drop
 from hfl.inprocess import evaluate_children, run_fit_rounds
 from hfl.payload import Payload, pack, unpack
 from hfl.sampling import parse_devices, sample_children
@@ -42,6 +43,8 @@ class NodeSpec:
     seed: int
     lowest: bool  # its children are devices
     device_sampling: bool = False  # algorithm.sampling=devices: the root draws devices, sent as config "devices"
+    dropout: float = 0.0  # of the children asked, the fraction failing each round (runtime.dropout[_nodes], hfl.faults)
+    faults: bool = False  # simulated faults anywhere in the tree: a device may not have trained yet
 
     @property
     def level(self) -> int:
@@ -73,13 +76,18 @@ def model_from_state(state: dict[str, np.ndarray] | None) -> NDArrays | None:
     return [state[k] for k in names] or None
 
 
-def sample_records(spec: NodeSpec, round_path: str, report) -> list[dict]:  # noqa: ANN001
-    """Which children this node asked in each of its rounds (where it samples at all), then its
-    descendants' records: the run keeps them in samples.jsonl."""
+def sample_records(spec: NodeSpec, round_path: str, report,  # noqa: ANN001
+                   dropped: list[list[str]] | None = None) -> list[dict]:
+    """Which children this node asked in each of its rounds (where it samples at all, or drops
+    children: then also which of them failed, ``dropped``), then its descendants' records: the
+    run keeps them in samples.jsonl."""
     own = []
-    if spec.sample_fraction < 1:
+    if spec.sample_fraction < 1 or spec.dropout > 0:
         own = [{"node": spec.path, "round": f"{round_path}.{r}", "asked": asked}
                for r, asked in enumerate(report.samples, start=1)]
+        if spec.dropout > 0:
+            for record, failed in zip(own, dropped or [], strict=True):
+                record["dropped"] = failed
     return own + report.child_samples
 
 
@@ -149,11 +157,21 @@ class NodeClient(NumPyClient):
         self.store.round = int(round_path.split(".")[0])
         strategy = self.make_strategy(unpack(parameters, config), self.store.load(spec.store_key))
 
+        dropped: list[list[str]] = []  # per round, the children a simulated fault failed
+
         def sample(server_round: int, children: list) -> list:
-            return self._asked_children(children, config, round_path, server_round)
+            asked = self._asked_children(children, config, round_path, server_round)
+            if spec.dropout > 0:
+                asked, failed = drop(asked, [c.cid for c in asked], spec.dropout, spec.seed, spec.path,
+                                     f"{round_path}.{server_round}")
+                dropped.append(failed)
+            return asked
 
         forward = {"devices": config["devices"]} if spec.device_sampling else None
-        params, report = run_fit_rounds(strategy, self.children, spec.rounds, sample, round_path, forward)
+        try:
+            params, report = run_fit_rounds(strategy, self.children, spec.rounds, sample, round_path, forward)
+        except RuntimeError as exc:  # the node fails its call: its parent counts it as a failed child
+            raise RuntimeError(f"node {spec.path}: {exc}") from exc
         model = parameters_to_ndarrays(params)
         # A gradient relay (level_models false) keeps no model: its reply is no predictor.
         state = {f"w_{i}": a for i, a in enumerate(model)} if self.level_models else {}
@@ -174,7 +192,7 @@ class NodeClient(NumPyClient):
             "compute_seconds": time.perf_counter() - start,
             "device_failures": below,
             "rejected": int(counters.get("rejected", 0)) + sum(int(m.get("rejected", 0)) for m in report.metrics),
-            "samples": json.dumps(records) if (records := sample_records(spec, round_path, report)) else "",
+            "samples": json.dumps(records) if (records := sample_records(spec, round_path, report, dropped)) else "",
         }
         if level == 1:  # the names 3-tier runs have always reported
             metrics["bytes_down_team"] = sum(v for k, v in counters.items() if k.startswith("bytes_down_level"))
@@ -229,7 +247,7 @@ class NodeClient(NumPyClient):
         elif self.personalized:
             # Devices test their own model; nothing is sent, unless this node samples: then a
             # device never asked yet tests the model it would start from (this node's).
-            sampled = self.spec.sample_fraction < 1 or self.spec.device_sampling
+            sampled = self.spec.sample_fraction < 1 or self.spec.device_sampling or self.spec.faults
             samples = sampled and f"level{self.spec.level}" in models
             targets["pm"] = models[f"level{self.spec.level}"] if samples else []
             config["pm"] = {"fallback": True} if samples else {}

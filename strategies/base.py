@@ -31,6 +31,7 @@ from flwr.server.strategy import Strategy
 
 from hfl.aggregate import nbytes, update_problem
 from hfl.evaluation import pool_evaluations
+from hfl.faults import Dropout
 from hfl.payload import unpack
 from hfl.sampling import DeviceDraw
 from hfl.store import StateStore
@@ -50,6 +51,22 @@ def fit_test_metrics(history: Sequence[float], window: int = 10) -> dict[str, fl
         return {}
     last = history[-window:]
     return {"pflego_accuracy": sum(last) / len(last), "pflego_round_accuracy": history[-1]}
+
+
+def usable_needed(min_fit_fraction: float, asked: int) -> int:
+    """The usable updates a round needs: ceil(min_fit_fraction x asked), at least 1 (a product
+    that float arithmetic puts just above an integer is that integer)."""
+    return max(1, math.ceil(min_fit_fraction * asked - 1e-9))
+
+
+def first_failure(failures: Sequence) -> str:
+    """'; first failure: <why>' for an error message (a raised exception, or a reply whose
+    status is not OK), or '' without failures."""
+    if not failures:
+        return ""
+    failure = failures[0]
+    why = repr(failure) if isinstance(failure, BaseException) else str(failure[1].status.message)
+    return f"; first failure: {why}"
 
 
 class Update(NamedTuple):
@@ -117,11 +134,12 @@ class TeamStrategy(Strategy):
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         accepted, rejected = accept_results(results, self.current, "device_id", "team")
         asked = len(results) + len(failures)
-        needed = max(1, math.ceil(self.min_fit_fraction * asked))
+        needed = usable_needed(self.min_fit_fraction, asked)
         stats: dict[str, Scalar] = {"rejected": rejected, "failures": len(failures), "aggregated": len(accepted)}
         if len(accepted) < needed:
-            log.error("team round %d: %d usable updates, %d needed", server_round, len(accepted), needed)
-            return None, stats
+            log.error("team round %d: %d usable updates of %d asked, %d needed (min_fit_fraction %g)",
+                      server_round, len(accepted), asked, needed, self.min_fit_fraction)
+            return None, {**stats, "needed": needed}
         self.last_accepted = accepted  # for rules that read more than the models (e.g. residual parts)
         models = [u.model for u in accepted]
         weights = [u.num_examples for u in accepted]
@@ -147,7 +165,7 @@ class GlobalStrategy(Strategy):
     those that are not state (rebuilt, or reset within a round); a state store is never state
     (it has versions of its own, hfl.store)."""
 
-    transient: tuple[str, ...] = ("recorder", "_paths", "_round", "last_accepted")
+    transient: tuple[str, ...] = ("recorder", "_paths", "_round", "last_accepted", "min_fit_fraction", "dropout")
 
     def __init__(
         self,
@@ -160,9 +178,15 @@ class GlobalStrategy(Strategy):
         recorder=None,  # noqa: ANN001 - hfl.recorder.Recorder, optional
         team_wait_seconds: float = 60.0,
         device_sampling: DeviceDraw | None = None,
+        min_fit_fraction: float = 0.0,
+        dropout: Dropout | None = None,
     ) -> None:
         self.initial = initial
         self.device_sampling = device_sampling
+        # A round needs this fraction of the level-1 nodes it asked (at least one): the same
+        # algorithm.min_fit_fraction every inner node applies to its children (TeamStrategy).
+        self.min_fit_fraction = min_fit_fraction
+        self.dropout = dropout  # runtime.dropout_nodes of the level-1 nodes (hfl.faults)
         self._paths: dict[str, str] = {}  # level-1 node cid -> its path (asked once)
         self.fit_test_history: list[float] = []  # per global round: the devices' own test after training
         self.num_teams = num_teams
@@ -198,6 +222,7 @@ class GlobalStrategy(Strategy):
                        "bytes_down_team": 0, "bytes_up_team": 0, "compute_seconds": 0.0, "failures": 0}
         self.current = parameters_to_ndarrays(parameters)
         teams, extra = self._fit_targets(server_round, self._teams(client_manager))
+        teams = self._drop_nodes(server_round, teams)
         parameters, meta = self.fit_message(server_round, parameters)
         self._round["bytes_down_global"] += nbytes(parameters.tensors) * len(teams)
         ins = FitIns(parameters, {**self.fit_config, **extra, **meta, "global_round": server_round})
@@ -212,23 +237,40 @@ class GlobalStrategy(Strategy):
         """What the level-1 nodes are sent to evaluate: the root's model as ``gm`` by default."""
         return parameters, {}
 
+    def _path_of(self, proxy: ClientProxy, server_round: int) -> str:
+        """A level-1 node's path in the tree: Flower's node ids say nothing of the tree, so each
+        node is asked once."""
+        if proxy.cid not in self._paths:
+            # No timeout, as for fit: Flower makes it the message's TTL, and a node's first message
+            # (building its subtree, on a busy machine) can take longer than team_wait_seconds.
+            props = proxy.get_properties(GetPropertiesIns({}), timeout=None, group_id=server_round)
+            self._paths[proxy.cid] = str(props.properties["path"])
+        return self._paths[proxy.cid]
+
     def _fit_targets(self, server_round: int, teams: list[ClientProxy]) -> tuple[list[ClientProxy], dict[str, Scalar]]:
         """Every level-1 node, or with ``sampling=devices`` those holding a device drawn for the
         round (a subtree without one is not called), and the config entry naming the devices."""
         if self.device_sampling is None:
             return teams, {}
         drawn = self.device_sampling.draw(server_round)
-        for proxy in teams:
-            if proxy.cid not in self._paths:  # Flower's node ids say nothing of the tree: ask once
-                # No timeout, as for fit: Flower makes it the message's TTL, and a node's first message
-                # (building its subtree, on a busy machine) can take longer than team_wait_seconds.
-                props = proxy.get_properties(GetPropertiesIns({}), timeout=None, group_id=server_round)
-                self._paths[proxy.cid] = str(props.properties["path"])
         wanted = set(drawn)
-        asked = [p for p in teams if self.device_sampling.holds[self._paths[p.cid]] & wanted]
+        asked = [p for p in teams if self.device_sampling.holds[self._path_of(p, server_round)] & wanted]
         record = [{"node": "root", "round": str(server_round), "devices": drawn}]
         self._round.setdefault("samples", []).append(json.dumps(record))
         return asked, {"devices": ",".join(map(str, drawn))}
+
+    def _drop_nodes(self, server_round: int, teams: list[ClientProxy]) -> list[ClientProxy]:
+        """``runtime.dropout_nodes``: the level-1 nodes (whole subtrees) that fail this round are
+        called through a proxy whose fit raises (hfl.faults), so they count as failures; recorded
+        in samples.jsonl."""
+        if self.dropout is None:
+            return teams
+        by_path = sorted((int(self._path_of(p, server_round)), p) for p in teams)  # tree order, not Flower's ids
+        paths, teams = [str(path) for path, _ in by_path], [p for _, p in by_path]
+        teams, dropped = self.dropout.apply(teams, paths, "", str(server_round))
+        record = [{"node": "root", "round": str(server_round), "asked": paths, "dropped": dropped}]
+        self._round.setdefault("samples", []).append(json.dumps(record))
+        return teams
 
     def _count_team_report(self, metrics: Mapping[str, Scalar]) -> None:
         """Add a level-1 node's subtree counters (bytes per edge level, seconds) to the round's."""
@@ -256,7 +298,16 @@ class GlobalStrategy(Strategy):
         if not accepted:
             raise RuntimeError(
                 f"global round {server_round}: no team model to aggregate "
-                f"({len(failures)} failures, {rejected} rejected); stopping rather than keeping the old model"
+                f"({len(failures)} failures, {rejected} rejected){first_failure(failures)}; "
+                "stopping rather than keeping the old model"
+            )
+        asked = len(results) + len(failures)
+        needed = usable_needed(self.min_fit_fraction, asked)
+        if len(accepted) < needed:
+            raise RuntimeError(
+                f"global round {server_round}: {len(accepted)} usable level-1 models of {asked} asked, {needed} "
+                f"needed (algorithm.min_fit_fraction={self.min_fit_fraction:g}); {len(failures)} failures, "
+                f"{rejected} rejected{first_failure(failures)}"
             )
         tested = sum(int(res.metrics.get("fit_test_samples", 0)) for _, res in results)
         if tested:
