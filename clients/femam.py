@@ -42,9 +42,9 @@ class FemamClient(DeviceClient):
         for i, a in enumerate(model):
             self.device.extra[f"frozen{level}_{i}"] = np.asarray(a, dtype=np.float32)
 
-    def frozen_models(self, below: int, prune: str, num_levels: int) -> list[Params]:
+    def frozen_models(self, below: int, prune: str) -> list[Params]:
         """The finished levels (< ``below``) its predictor sums."""
-        kept = self.kept(num_levels)[:below]
+        kept = self.kept(below)[:below]
         return [self.frozen(level) for level in in_prediction(kept, prune)]
 
     # ------------------------------------------------------------ the additive model
@@ -80,7 +80,7 @@ class FemamClient(DeviceClient):
             start = [p.clone() for p in dev.personal]
         else:
             raise RuntimeError(f"device {dev.device_id}: personal level without a model of its own")
-        frozen = self.frozen_models(level, prune, num_levels)
+        frozen = self.frozen_models(level, prune)
         val_loss, _, val_n = self.additive_scores([*frozen, start], dev.x_val, dev.y_val)
         params, loss = self.train(start, frozen, config)
         if config["femam_kind"] == PERSONAL:
@@ -123,8 +123,7 @@ class FemamClient(DeviceClient):
         ctx = unpack(parameters, config).parts
         info = parse_info(ctx, "ctx_info")
         level, kind = info["level"] - 1, info["kind"]
-        num_levels = max(level + 1, len(self.kept(level + 1)))
-        models = self.frozen_models(level, info["prune"], num_levels)
+        models = self.frozen_models(level, info["prune"])
         if kind in (GLOBAL, CLUSTER):
             current = to_tensors(ctx[f"ctx_g{int(ctx['ctx_assign'][0][dev.device_id])}"])
         elif kind == TEAM:
@@ -133,6 +132,7 @@ class FemamClient(DeviceClient):
             current = dev.personal
         else:
             raise RuntimeError(f"device {dev.device_id} has no personal-level model yet")
+        # ctx_info's "first" flag marks evaluation right after the root decided this level's pruning.
         pruned = info["first"] and info["prune"] == "paper" and int(ctx["ctx_keep"][0][dev.device_id]) == 0
         if pruned and models:
             return models

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import statistics
 from pathlib import Path
@@ -17,7 +16,7 @@ from flwr.common import NDArrays
 from hfl import run_report
 from hfl.console import ROUND, SHOW, round_line
 from hfl.resume import Checkpoint, write_checkpoint
-from hfl.store import atomic_savez
+from hfl.store import atomic_savez, atomic_write_bytes
 
 log = logging.getLogger("hfl")
 
@@ -52,9 +51,7 @@ def accuracy_keys(lines: list[dict]) -> list[str]:
 
 
 def _rewrite(path: Path, lines: list[str]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(line + "\n" for line in lines))
-    os.replace(tmp, path)
+    atomic_write_bytes(path, "".join(line + "\n" for line in lines).encode())
 
 
 def rows_up_to(path: Path, key: str, last_round: int) -> list[str]:

@@ -32,7 +32,7 @@ from flwr.common import Parameters, ndarrays_to_parameters
 from flwr.server.strategy import Strategy
 
 from hfl.errors import ConfigError
-from hfl.store import StateStore
+from hfl.store import StateStore, atomic_write_bytes
 
 log = logging.getLogger("hfl")
 
@@ -57,10 +57,7 @@ def write_checkpoint(run_dir: str | os.PathLike, checkpoint: Checkpoint) -> None
     """Atomically (a temporary file, then a rename): a run killed while writing keeps the last one."""
     path = Path(run_dir) / CHECKPOINT
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as f:
-        pickle.dump(checkpoint, f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, pickle.dumps(checkpoint, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def read_checkpoint(run_dir: str | os.PathLike) -> Checkpoint | None:
@@ -98,9 +95,7 @@ def differing_keys(saved: Mapping, current: Mapping) -> list[tuple[str, Any, Any
 def record_config(cfg: Mapping, run_dir: Path) -> None:
     path = run_dir / CONFIG
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(cfg, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    atomic_write_bytes(path, (json.dumps(cfg, indent=1, sort_keys=True) + "\n").encode())
 
 
 def prepare(cfg: Mapping, run_dir: str | os.PathLike) -> Checkpoint | None:

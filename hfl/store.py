@@ -100,6 +100,15 @@ def version_of(path: Path) -> int:
         return int(data[ROUND]) if ROUND in data.files else 0
 
 
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write to a temporary file beside ``path``, then rename: a crash, or a reader polling for
+    the file, never sees half of it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def atomic_savez(path: str | os.PathLike, *args: np.ndarray, **kwargs: np.ndarray) -> None:
     """``np.savez`` to a temporary file, then rename: a crash, or a reader polling for the
     file, never sees half of it."""

@@ -224,7 +224,7 @@ class FemamRootStrategy(GlobalStrategy):
         self.prune = str(alg["prune"])
         self.num_devices = len(federation_for(cfg).devices)
         n, levels = self.num_devices, len(self.kinds)
-        self.level, self.rounds_in_level, self.first = 0, 0, True
+        self.level = 0
         self.groups: dict[int, NDArrays] = {0: initial}
         self.assign = np.zeros(n, dtype=np.int64)
         self.prev_groups: dict[int, NDArrays] = {}
@@ -232,9 +232,14 @@ class FemamRootStrategy(GlobalStrategy):
         self.kept = -np.ones((n, levels), dtype=np.int64)  # -1 not decided, 1 kept, 0 pruned
         self.val: list[list[list[float]]] = [[[] for _ in range(n)] for _ in range(levels)]
         self.mean_val: list[list[float]] = [[] for _ in range(levels)]
-        self.level_rounds: list[int] = [0] * levels
+        self.level_rounds: list[int] = [0] * levels  # rounds each level has trained so far
         self.eval_view: dict[str, Any] = {}
         self.server_round = 0
+
+    @property
+    def first(self) -> bool:
+        """Whether the current level has not trained a round yet."""
+        return self.level_rounds[self.level] == 0
 
     # -- messages
     def fit_message(self, server_round: int, parameters: Parameters) -> tuple[Parameters, dict[str, Scalar]]:
@@ -289,12 +294,10 @@ class FemamRootStrategy(GlobalStrategy):
             relayed = {int(k[1:]): v for u in self.last_accepted for k, v in u.parts.items() if k.startswith("d") and k[1:].isdigit()}
             ids = sorted(relayed)
             self.regroup(ids, [relayed[i] for i in ids], [train_sizes[i] for i in ids])
-        self.rounds_in_level += 1
-        self.level_rounds[level] = self.rounds_in_level
-        self.first = False
+        self.level_rounds[level] += 1
         last = level == len(self.kinds) - 1
         done = self.server_round >= self.num_rounds if last else \
-            self.schedule.level_done(level, self.rounds_in_level, self.mean_val[level])
+            self.schedule.level_done(level, self.level_rounds[level], self.mean_val[level])
         self.eval_view = {"level": level, "groups": self.groups, "assign": self.assign.copy(), "decided": None}
         if done and self.kept[0, level] == -1:
             self.eval_view["decided"] = self.decide(level)
@@ -306,7 +309,7 @@ class FemamRootStrategy(GlobalStrategy):
     def regroup(self, ids: list[int], models: list[NDArrays], weights: list[float]) -> None:
         k = self.groups_per_level[self.level]
         seed = derive_seed(self.seed, "femam-groups", self.server_round)
-        if self.alg["assign"] == "nearest" and self.rounds_in_level > 0:
+        if self.alg["assign"] == "nearest" and not self.first:
             labels = nearest_labels(models, self.groups)  # FeSEM: nearest of last round's centres
         else:
             features = np.stack([clustering_features(m) if self.alg["assign"] == "kmeans" else flat_model(m) for m in models])
@@ -327,14 +330,13 @@ class FemamRootStrategy(GlobalStrategy):
                 keep = keeps_level(self.val[level][device], self.val[reference][device], window)
             self.kept[device, level] = int(keep)
         log.info("femam: level %d ended after %d rounds; %d of %d devices keep it", level + 1,
-                 self.rounds_in_level, int(self.kept[:, level].sum()), self.num_devices)
+                 self.level_rounds[level], int(self.kept[:, level].sum()), self.num_devices)
         return self.kept[:, level].copy()
 
     def advance(self, level1_model: NDArrays) -> None:
         """Start the next level: one group, a copy of the level-1 model."""
         self.prev_groups, self.prev_assign = self.groups, self.assign
         self.level += 1
-        self.rounds_in_level, self.first = 0, True
         self.groups = {0: level1_model}
         self.assign = np.zeros(self.num_devices, dtype=np.int64)
 

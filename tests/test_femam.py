@@ -99,8 +99,8 @@ def test_a_pruned_level_leaves_the_prediction_under_the_papers_rule_only():
     client = FemamClient(dev)
     client.freeze(0, to_ndarrays([torch.ones(3, 6), torch.zeros(3)]), 1, 3)
     client.freeze(1, to_ndarrays([torch.zeros(3, 6), torch.ones(3)]), 0, 3)
-    assert len(client.frozen_models(2, "paper", 3)) == 1
-    assert len(client.frozen_models(2, "code", 3)) == 2
+    assert len(client.frozen_models(2, "paper")) == 1
+    assert len(client.frozen_models(2, "code")) == 2
     assert rules.in_prediction([1, 0, -1], "paper") == [0] and rules.in_prediction([1, 0, -1], "code") == [0, 1]
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from flwr.common import NDArrays
 
-from hfl.store import atomic_savez
+from hfl.store import atomic_savez, atomic_write_bytes
 
 ACTIONS = ("fit", "evaluate")
 
@@ -59,10 +59,7 @@ class TeamJob:
 
 def write_json(path: str | os.PathLike, data: Any) -> None:
     """Write then rename: the bridge polls for the file and must never read half of it."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    atomic_write_bytes(path, json.dumps(data, indent=1).encode())
 
 
 def save_arrays(path: str | os.PathLike, arrays: NDArrays) -> None:
