@@ -168,7 +168,43 @@ def validate(cfg: Mapping) -> None:
             if runtime[key] > 0 and runtime.get("name") == "deployment":
                 raise ConfigError(f"runtime.{key}", "simulated faults are for runtime=simulation and "
                                                     "runtime=inprocess; a deployment has real ones")
+    _check_accelerators(alg, runtime)
     address = runtime.get("ray_address")
     if address is not None and (not isinstance(address, str) or not address.strip()):
         raise ConfigError("runtime.ray_address", "must be null (a fresh local Ray instance) or the address of a Ray "
                                                  f"cluster ('auto', 'host:port', 'ray://host:port'), got {address!r}")
+
+
+DEVICES = ("auto", "cpu", "cuda")
+BATCHED = ("auto", "on", "off")
+
+
+def batched_setting(runtime: Mapping) -> str:
+    """``runtime.batched`` as one of auto|on|off (YAML reads a bare on/off as a boolean)."""
+    value = runtime.get("batched", "auto")
+    if isinstance(value, bool) or str(value).lower() in ("true", "false"):
+        return "on" if str(value).lower() == "true" else "off"
+    return str(value).lower()
+
+
+def _check_accelerators(alg: Mapping, runtime: Mapping) -> None:
+    device = str(runtime.get("device", "auto")).lower()
+    if device not in DEVICES:
+        raise ConfigError("runtime.device", f"must be one of {', '.join(DEVICES)}, got {runtime.get('device')!r}")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("runtime.device", "cuda was asked for but torch sees no CUDA GPU on this machine "
+                                                "(runtime.device=auto falls back to the CPU)")
+    batched = batched_setting(runtime)
+    if batched not in BATCHED:
+        raise ConfigError("runtime.batched", f"must be one of {', '.join(BATCHED)}, got {runtime.get('batched')!r}")
+    if batched == "on" and not alg.get("batched", False):
+        raise ConfigError("runtime.batched", f"algorithm {alg.get('name')!r} has no batched device path "
+                                             "(algorithm.batched is false); use runtime.batched=auto or off")
+    if batched == "on" and runtime.get("name") == "deployment":
+        raise ConfigError("runtime.batched", "every device is its own process in a deployment; use auto or off")
+    gpus = runtime.get("num_gpus_per_team")
+    if gpus is not None:
+        check_number("runtime.num_gpus_per_team", gpus, minimum=0)

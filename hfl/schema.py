@@ -99,6 +99,9 @@ class AlgorithmConfig:
     alpha: float = MISSING
     weighted: Any = MISSING  # true | false: checked by hfl.config.validate (tests pin its message)
     min_fit_fraction: float = MISSING
+    # Its device client can step all of a node's sampled devices as one computation (hfl.batched);
+    # false: always the per-device path. runtime.batched picks between them.
+    batched: bool = MISSING
 
 
 @dataclass
@@ -355,11 +358,14 @@ class RuntimeConfig:
     # Simulated faults (hfl.faults), in [0, 1) (checked by hfl.config; 0 in deployment, which has real ones)
     dropout: float = MISSING  # of the devices a lowest server asks, the fraction failing each round
     dropout_nodes: float = MISSING  # of the inner nodes a node (the root included) asks, likewise
+    device: str = MISSING  # auto | cpu | cuda: where devices' data, models and training live (checked by hfl.config)
+    batched: str = MISSING  # auto | on | off: a node's devices stepped together (hfl.batched) or one by one
 
 
 @dataclass
 class SimulationRuntimeConfig(RuntimeConfig):
     num_cpus_per_team: float = MISSING
+    num_gpus_per_team: float = MISSING  # Ray's num_gpus per team actor; fractions let team nodes share a GPU
     ray_tmp_dir: Optional[str] = MISSING
     ray_address: Optional[str] = MISSING  # null: a fresh local Ray instance; else the cluster to join
     verbose: bool = MISSING

@@ -118,7 +118,7 @@ def run_simulation(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None)
             server_app=make_server_app(cfg, run_dir, start),
             client_app=make_client_app(cfg),
             num_supernodes=len(federation_for(cfg).teams),
-            backend_config={"client_resources": {"num_cpus": runtime["num_cpus_per_team"], "num_gpus": 0.0},
+            backend_config={"client_resources": {"num_cpus": runtime["num_cpus_per_team"], "num_gpus": float(runtime.get("num_gpus_per_team", 0.0))},
                             "init_args": {**init_args, **logging_args}},
             verbose_logging=verbose,
         )
