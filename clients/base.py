@@ -5,6 +5,7 @@ from __future__ import annotations
 from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 
+from hfl.batched import FitPlan, run_plan
 from hfl.device import DeviceRuntime
 from hfl.training import Params, to_ndarrays, to_tensors
 
@@ -15,6 +16,17 @@ class DeviceClient(NumPyClient):
 
     def __init__(self, device: DeviceRuntime) -> None:
         self.device = device
+
+    def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan | None:
+        """This fit as phases of (prox-)SGD steps and a reply (hfl.batched), so that a node can step
+        all its devices together; None where the algorithm's local work is not of that form."""
+        return None
+
+    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        plan = self.fit_plan(parameters, config)
+        if plan is None:
+            raise NotImplementedError(f"{type(self).__name__} defines neither fit nor fit_plan")
+        return run_plan(self.device, plan)
 
     def get_parameters(self, config: dict[str, Scalar]) -> NDArrays:
         params = self.device.personal or self.device.trainer.initial_params()

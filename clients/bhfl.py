@@ -9,16 +9,16 @@ import json
 from flwr.common import NDArrays, Scalar
 
 from clients.base import DeviceClient
-from clients.fedavg import sgd_step
+from hfl.batched import FitPlan, Phase
 from hfl.device import DeviceRuntime
 from hfl.payload import unpack
-from hfl.personal import fit_reply, local_steps
-from hfl.training import to_ndarrays, to_tensors
+from hfl.personal import fit_reply
+from hfl.training import Params, to_ndarrays, to_tensors
 from strategies.bhfl import merge_down
 
 
 class BHFLClient(DeviceClient):
-    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+    def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan:
         dev = self.device
         received = unpack(parameters, config).parts
         kept = to_ndarrays(dev.personal) if dev.personal is not None and config["persistent"] else None
@@ -27,11 +27,13 @@ class BHFLClient(DeviceClient):
                "levels": {}}
         state = dev.extra if config["persistent"] else {}
         theta, state = merge_down(alg, -1, kept, received, state)
-        lr = float(config["alpha"])
-        params, loss = local_steps(dev, to_tensors(theta), int(config["local_steps"]), lambda p, g: sgd_step(p, g, lr))
-        dev.personal = params  # W, the device's persistent model (its PM)
-        dev.extra = state if config["persistent"] else {}
-        return fit_reply(dev, params, loss)
+
+        def finish(models: list[Params], losses: list[float]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+            dev.personal = models[0]  # W, the device's persistent model (its PM)
+            dev.extra = state if config["persistent"] else {}
+            return fit_reply(dev, models[0], losses[0])
+
+        return FitPlan([Phase(to_tensors(theta), int(config["local_steps"]), float(config["alpha"]))], finish)
 
 
 def make_client(device: DeviceRuntime) -> BHFLClient:

@@ -15,8 +15,9 @@ from flwr.common import NDArrays, Scalar
 
 from clients.base import DeviceClient
 from clients.prox import pull_then_train
+from hfl.batched import FitPlan
 from hfl.device import DeviceRuntime
-from hfl.personal import check_keys, fit_reply
+from hfl.personal import check_keys
 
 
 def check_config(alg: Mapping[str, Any]) -> None:
@@ -24,10 +25,9 @@ def check_config(alg: Mapping[str, Any]) -> None:
 
 
 class DemLearnClient(DeviceClient):
-    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        c, loss = pull_then_train(self.device, parameters, float(config["mix"]), int(config["local_steps"]),
-                                  float(config["alpha"]), prox=float(config["mu"]))
-        return fit_reply(self.device, c, loss)
+    def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan:
+        return pull_then_train(self.device, parameters, float(config["mix"]), int(config["local_steps"]),
+                               float(config["alpha"]), prox=float(config["mu"]))
 
 
 def make_client(device: DeviceRuntime) -> DemLearnClient:

@@ -13,11 +13,10 @@ from typing import Any
 from flwr.common import NDArrays, Scalar
 
 from clients.base import DeviceClient
-from clients.fedavg import sgd_step
-from clients.prox import prox_train
+from hfl.batched import FitPlan, Phase
 from hfl.device import DeviceRuntime
-from hfl.personal import check_keys, fit_reply, local_steps
-from hfl.training import to_tensors
+from hfl.personal import check_keys, fit_reply
+from hfl.training import Params, to_tensors
 
 
 def check_config(alg: Mapping[str, Any]) -> None:
@@ -25,14 +24,19 @@ def check_config(alg: Mapping[str, Any]) -> None:
 
 
 class DittoClient(DeviceClient):
-    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+    def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan:
         dev = self.device
         received = to_tensors(parameters)
         lr, lam, steps = float(config["alpha"]), float(config["lam"]), int(config["local_steps"])
-        w, loss = local_steps(dev, received, steps, lambda p, g: sgd_step(p, g, lr))
         v = dev.personal if dev.personal is not None else received
-        dev.personal, _ = prox_train(dev, v, received, steps, lr, lam)
-        return fit_reply(dev, w, loss)
+        # w's steps first, then v's, on the same sampler (the order the batches are drawn in).
+        phases = [Phase(received, steps, lr), Phase(v, steps, lr, received, lam)]
+
+        def finish(models: list[Params], losses: list[float]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+            dev.personal = models[1]
+            return fit_reply(dev, models[0], losses[0])
+
+        return FitPlan(phases, finish)
 
 
 def make_client(device: DeviceRuntime) -> DittoClient:

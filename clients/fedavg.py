@@ -9,27 +9,27 @@ from flwr.common import NDArrays, Scalar
 
 from clients.base import DeviceClient
 from hfl.device import DeviceRuntime
-from hfl.training import run_local_steps, to_ndarrays, to_tensors
+from hfl.batched import FitPlan, Phase
+from hfl.training import Params, to_ndarrays, to_tensors
 
 T = TypeVar("T")
 
 
 def sgd_step(params: Sequence[T], grad: Sequence[T], lr: float) -> list[T]:
-    """params <- params - lr * grad."""
+    """params <- params - lr * grad (hfl.batched.phase_update without an anchor computes the same)."""
     return [p - lr * g for p, g in zip(params, grad, strict=True)]
 
 
 class FedAvgClient(DeviceClient):
-    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+    def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan:
         dev = self.device
-        lr = float(config["alpha"])
-        params, loss = run_local_steps(
-            dev.trainer, to_tensors(parameters), dev.x_train, dev.y_train, dev.sampler,
-            int(config["local_steps"]), lambda p, g: sgd_step(p, g, lr),
-        )
-        dev.personal = params  # its last local model; FedAvg reports no PM from it
-        return to_ndarrays(params), len(dev.y_train), {"device_id": dev.device_id, "train_loss": loss,
-                                                       **self.fit_test(params, config)}
+
+        def finish(models: list[Params], losses: list[float]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+            dev.personal = models[0]  # its last local model; FedAvg reports no PM from it
+            return to_ndarrays(models[0]), len(dev.y_train), {"device_id": dev.device_id, "train_loss": losses[0],
+                                                              **self.fit_test(models[0], config)}
+
+        return FitPlan([Phase(to_tensors(parameters), int(config["local_steps"]), float(config["alpha"]))], finish)
 
 
 def make_client(device: DeviceRuntime) -> FedAvgClient:

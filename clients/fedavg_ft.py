@@ -19,6 +19,7 @@ import torch
 from flwr.common import NDArrays, Scalar
 
 from clients.fedavg import FedAvgClient, sgd_step
+from hfl.batched import FitPlan
 from hfl.device import DeviceRuntime
 from hfl.seed import derive_seed
 from hfl.training import BatchSampler, LocalTrainer, Params, run_local_steps, to_tensors
@@ -45,13 +46,18 @@ def global_round(config: dict[str, Scalar]) -> int:
 
 
 class FedAvgFtClient(FedAvgClient):
-    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        reply = super().fit(parameters, config)
-        extra = self.device.extra
-        extra[EPOCHS] = np.array(int(config[EPOCHS]))
-        extra[LR] = np.array(float(config[LR]))
-        extra[ROUND] = np.array(global_round(config))
-        return reply
+    def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan:
+        plan = super().fit_plan(parameters, config)
+        train_finish = plan.finish
+
+        def finish(models: list[Params], losses: list[float]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+            extra = self.device.extra
+            extra[EPOCHS] = np.array(int(config[EPOCHS]))
+            extra[LR] = np.array(float(config[LR]))
+            extra[ROUND] = np.array(global_round(config))
+            return train_finish(models, losses)
+
+        return FitPlan(plan.phases, finish)
 
     def finetuned(self, received: Params) -> Params:
         """The PM: the received global model fine-tuned on the device's training split."""

@@ -15,9 +15,9 @@ from typing import Any
 from flwr.common import NDArrays, Scalar
 
 from clients.base import DeviceClient
-from clients.fedavg import sgd_step
+from hfl.batched import FitPlan, Phase
 from hfl.device import DeviceRuntime
-from hfl.personal import check_keys, fit_reply, head_mask, local_steps, splice
+from hfl.personal import check_keys, fit_reply, head_mask, splice
 from hfl.training import Params, to_tensors
 
 
@@ -26,20 +26,28 @@ def check_config(alg: Mapping[str, Any]) -> None:
 
 
 class HeadClient(DeviceClient):
-    """A device whose personal model is [shared body, own head]."""
+    """A device whose personal model is [shared body, own head]: L plain SGD steps on the whole
+    of [received body, own head]."""
 
-    def train(self, start: Params, mask: list[bool], config: dict[str, Scalar]) -> tuple[Params, float]:
-        lr = float(config["alpha"])
-        return local_steps(self.device, start, int(config["local_steps"]), lambda p, g: sgd_step(p, g, lr))
-
-    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+    def start(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[Params, Params, list[bool]]:
+        """The received model, where training starts ([its body, the kept head]) and the head mask."""
         dev = self.device
         received = to_tensors(parameters)
         mask = head_mask(dev.trainer.names, int(config["head_layers"]))
-        start = splice(received, dev.personal, mask) if dev.personal is not None else received
-        dev.personal, loss = self.train(start, mask, config)
-        arrays, n, metrics = fit_reply(dev, splice(dev.personal, received, mask), loss)
-        return arrays, n, {**metrics, **self.fit_test(dev.personal, config)}
+        return received, splice(received, dev.personal, mask) if dev.personal is not None else received, mask
+
+    def reply(self, trained: Params, loss: float, received: Params, mask: list[bool],
+              config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        """Keeps ``trained``; sends its body with the received head."""
+        dev = self.device
+        dev.personal = trained
+        arrays, n, metrics = fit_reply(dev, splice(trained, received, mask), loss)
+        return arrays, n, {**metrics, **self.fit_test(trained, config)}
+
+    def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan | None:
+        received, start, mask = self.start(parameters, config)
+        phase = Phase(start, int(config["local_steps"]), float(config["alpha"]))
+        return FitPlan([phase], lambda models, losses: self.reply(models[0], losses[0], received, mask, config))
 
 
 def make_client(device: DeviceRuntime) -> HeadClient:

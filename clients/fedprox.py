@@ -8,7 +8,7 @@ from typing import Any
 from flwr.common import NDArrays, Scalar
 
 from clients.base import DeviceClient
-from clients.prox import prox_train
+from hfl.batched import FitPlan, Phase
 from hfl.device import DeviceRuntime
 from hfl.personal import check_keys, fit_reply
 from hfl.training import to_tensors
@@ -19,11 +19,10 @@ def check_config(alg: Mapping[str, Any]) -> None:
 
 
 class FedProxClient(DeviceClient):
-    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+    def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan:
         received = to_tensors(parameters)
-        params, loss = prox_train(self.device, received, received, int(config["local_steps"]),
-                                  float(config["alpha"]), float(config["mu"]))
-        return fit_reply(self.device, params, loss)
+        phase = Phase(received, int(config["local_steps"]), float(config["alpha"]), received, float(config["mu"]))
+        return FitPlan([phase], lambda models, losses: fit_reply(self.device, models[0], losses[0]))
 
 
 def make_client(device: DeviceRuntime) -> FedProxClient:

@@ -7,13 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flwr.common import Scalar
+from flwr.common import NDArrays, Scalar
 
 from clients.fedper import HeadClient
 from clients.fedper import check_config as check_head
 from hfl.device import DeviceRuntime
 from hfl.personal import check_keys, local_steps, masked_sgd_step
-from hfl.training import Params
 
 
 def check_config(alg: Mapping[str, Any]) -> None:
@@ -22,11 +21,16 @@ def check_config(alg: Mapping[str, Any]) -> None:
 
 
 class FedRepClient(HeadClient):
-    def train(self, start: Params, mask: list[bool], config: dict[str, Scalar]) -> tuple[Params, float]:
+    def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> None:
+        return None  # masked steps: the per-device path (algorithm.batched is false)
+
+    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        received, start, mask = self.start(parameters, config)
         dev, lr = self.device, float(config["alpha"])
         body = [not m for m in mask]
         params, _ = local_steps(dev, start, int(config["head_steps"]), lambda p, g: masked_sgd_step(p, g, lr, mask))
-        return local_steps(dev, params, int(config["local_steps"]), lambda p, g: masked_sgd_step(p, g, lr, body))
+        params, loss = local_steps(dev, params, int(config["local_steps"]), lambda p, g: masked_sgd_step(p, g, lr, body))
+        return self.reply(params, loss, received, mask, config)
 
 
 def make_client(device: DeviceRuntime) -> FedRepClient:

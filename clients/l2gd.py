@@ -15,16 +15,15 @@ from flwr.common import NDArrays, Scalar
 
 from clients.base import DeviceClient
 from clients.prox import pull_then_train
+from hfl.batched import FitPlan
 from hfl.device import DeviceRuntime
-from hfl.personal import fit_reply
 
 
 class L2GDClient(DeviceClient):
-    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+    def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan:
         pull = config["global_pull"] if int(config["team_round"]) == 1 else config["team_pull"]
-        theta, loss = pull_then_train(self.device, parameters, float(pull), int(config["local_steps"]),
-                                      float(config["local_lr"]))
-        return fit_reply(self.device, theta, loss)
+        return pull_then_train(self.device, parameters, float(pull), int(config["local_steps"]),
+                               float(config["local_lr"]))
 
 
 def make_client(device: DeviceRuntime) -> L2GDClient:

@@ -103,6 +103,19 @@ class RoundsReport:
 
 
 Sampler = Callable[[int, list[ClientProxy]], list[ClientProxy]]
+# Fits a round's children together (hfl.batched.BatchedFit): per (proxy, FitIns), the FitRes or
+# the exception the child raised.
+FitMany = Callable[[list[tuple[ClientProxy, FitIns]]], list[FitRes | BaseException]]
+
+
+def fit_one_by_one(calls: list[tuple[ClientProxy, FitIns]]) -> list[FitRes | BaseException]:
+    outcomes: list[FitRes | BaseException] = []
+    for proxy, ins in calls:
+        try:
+            outcomes.append(proxy.fit(ins, timeout=None, group_id=None))
+        except Exception as exc:  # noqa: BLE001 - a dead child is counted, the round goes on
+            outcomes.append(exc)
+    return outcomes
 
 
 def run_fit_rounds(
@@ -112,13 +125,15 @@ def run_fit_rounds(
     sample: Sampler | None = None,
     round_path: str = "",
     forward: dict | None = None,
+    fit_many: FitMany = fit_one_by_one,
 ) -> tuple[Parameters, RoundsReport]:
     """``num_rounds`` rounds of configure_fit -> client.fit -> aggregate_fit, in order.
 
     Each round the strategy sees only the children ``sample(round, children)`` picks (all
     of them without a sampler); each FitIns also carries the ``round_path`` of that round
     (e.g. ``"3.2"`` = team round 2 of global round 3) so that a child node seeds its own
-    sampling by it, and the ``forward`` entries (e.g. the devices the root drew).
+    sampling by it, and the ``forward`` entries (e.g. the devices the root drew). ``fit_many``
+    calls the round's children (one by one, or a lowest node's devices batched).
     """
     report = RoundsReport()
     parameters = strategy.initialize_parameters(manager)
@@ -132,16 +147,15 @@ def run_fit_rounds(
         results: list[tuple[ClientProxy, FitRes]] = []
         failures: list[tuple[ClientProxy, FitRes] | BaseException] = []
         here = f"{round_path}.{server_round}" if round_path else str(server_round)
-        for proxy, ins in instructions:
-            report.bytes_down += nbytes(ins.parameters.tensors)
-            ins = FitIns(ins.parameters, {**ins.config, **(forward or {}), "round_path": here})
-            try:
-                res = proxy.fit(ins, timeout=None, group_id=server_round)
-            except Exception as exc:  # a dead child is counted, the round goes on
+        calls = [(proxy, FitIns(ins.parameters, {**ins.config, **(forward or {}), "round_path": here}))
+                 for proxy, ins in instructions]
+        report.bytes_down += sum(nbytes(ins.parameters.tensors) for _, ins in calls)
+        for (proxy, _), res in zip(calls, fit_many(calls), strict=True):
+            if isinstance(res, BaseException):  # a dead child is counted, the round goes on
                 # A simulated fault (runtime.dropout) is expected: the log file has it, the console not.
-                log.log(logging.INFO if isinstance(exc, SimulatedFault) else logging.WARNING,
-                        "client %s failed in round %d: %r", proxy.cid, server_round, exc)
-                failures.append(exc)
+                log.log(logging.INFO if isinstance(res, SimulatedFault) else logging.WARNING,
+                        "client %s failed in round %d: %r", proxy.cid, server_round, res)
+                failures.append(res)
                 continue
             if res.status.code != Code.OK:
                 failures.append((proxy, res))

@@ -14,12 +14,13 @@ import numpy as np
 import torch
 from flwr.common import NDArrays
 
-from hfl.config import load_module
+from hfl.batched import BatchedFit, resolve_device
+from hfl.config import batched_setting, load_module
 from hfl.data import DeviceData, Federation, build_federation
-from hfl.device import DeviceRuntime
+from hfl.device import DEVICES_PREFIX, DeviceRuntime, load_devices, save_devices
 from hfl.errors import ConfigError
 from hfl.faults import dropout_fractions
-from hfl.inprocess import InProcessClientProxy, client_manager_of
+from hfl.inprocess import InProcessClientProxy, client_manager_of, fit_one_by_one
 from hfl.models import build_model
 from hfl.payload import Payload
 from hfl.seed import derive_seed
@@ -87,14 +88,35 @@ def initial_model(cfg: Mapping, fed: Federation) -> NDArrays:
     return to_ndarrays(LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed))).initial_params())
 
 
-def device_runtime(cfg: Mapping, device_id: int, data: DeviceData, trainer: LocalTrainer, store: StateStore,
+def devices_key(path: str) -> str:
+    """The stored key of a lowest node's devices' state (one file for all of them)."""
+    return f"{DEVICES_PREFIX}{path}"
+
+
+def device_runtime(cfg: Mapping, device_id: int, data: DeviceData, trainer: LocalTrainer, store: StateStore | None,
                    classes: list[int] | None = None) -> DeviceRuntime:
-    """A device with its data, its seeded minibatch sampler and its saved state (if any)."""
+    """A device with its data, its seeded minibatch sampler and its saved state (if any; a node
+    passes no store and restores all its devices at once, hfl.device.load_devices)."""
     sampler = BatchSampler(len(data.y_train), int(cfg["dataset"]["batch_size"]), derive_seed(cfg["seed"], "batches", device_id))
     device = DeviceRuntime(device_id, data.x_train, data.y_train, data.x_test, data.y_test, trainer, sampler,
                            seed=int(cfg["seed"]), classes=classes, x_val=data.x_val, y_val=data.y_val)
-    device.load(store)
+    if store is not None:
+        device.load(store)
     return device
+
+
+def uses_batched(cfg: Mapping, trainer: LocalTrainer) -> bool:
+    """Whether lowest nodes step their devices together: runtime.batched on, or auto where the
+    algorithm has the batched path (algorithm.batched) and the model carries no buffers."""
+    setting = batched_setting(cfg.get("runtime", {}))
+    if setting == "off" or not cfg["algorithm"].get("batched", False):
+        return False
+    if any(True for _ in trainer.model.buffers()):
+        if setting == "on":
+            raise ConfigError("runtime.batched", f"{type(trainer.model).__name__} keeps buffers (BatchNorm), which the "
+                                                 "batched path does not step; use runtime.batched=auto or off")
+        return False
+    return True
 
 
 # ---------------------------------------------------------------- per-level settings
@@ -172,14 +194,17 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
         client_module = load_module(alg, "client")
         trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed)))
         local = bool(alg.get("local_labels", False))
-        devices = [device_runtime(cfg, d, device_data(cfg, fed, d), trainer, store,
+        devices = [device_runtime(cfg, d, device_data(cfg, fed, d), trainer, None,
                                   device_classes(fed, d) if local else None) for d in tree.devices(path)]
+        load_devices(store, devices_key(path), devices)
         holds = {f"{d:06d}": frozenset([d]) for d in tree.devices(path)}
-        proxies = [InProcessClientProxy(f"{d.device_id:06d}", client_module.make_client(d).to_client()) for d in devices]
+        clients = {f"{d.device_id:06d}": client_module.make_client(d) for d in devices}
+        proxies = [InProcessClientProxy(cid, client.to_client()) for cid, client in clients.items()]
+        if uses_batched(cfg, trainer):
+            fit_many = BatchedFit(clients, {p.cid: p for p in proxies}, resolve_device(cfg["runtime"].get("device")))
 
         def persist() -> None:
-            for device in devices:
-                device.save(store)
+            save_devices(store, devices_key(path), devices)
     else:
         proxies = [InProcessClientProxy(child, lambda child=child: build_node(cfg, child, state_dir).to_client())
                    for child in tree.children(path)]
@@ -188,6 +213,8 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
         def persist() -> None:
             pass
 
+    if not tree.is_lowest(path) or not uses_batched(cfg, trainer):
+        fit_many = fit_one_by_one
     if hasattr(strategy_module, "build_node_strategy"):
         def make_strategy(payload, state):  # noqa: ANN001, ANN202
             return strategy_module.build_node_strategy(alg, NodeContext(cfg, path, tree.depth, payload, state, fed))
@@ -205,7 +232,8 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
                       personalized=bool(alg["personalized"]), global_model=bool(alg.get("global_model", True)),
                       persist=persist, holds=holds, pm_base=alg.get("pm_base"),
                       level_models=bool(alg.get("level_models", True)),
-                      evaluation_context=getattr(strategy_module, "evaluation_context", None))
+                      evaluation_context=getattr(strategy_module, "evaluation_context", None),
+                      fit_many=fit_many)
 
 
 def build_team_node(cfg: Mapping, team_id: int, state_dir: str | Path) -> NodeClient:

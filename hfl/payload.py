@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from flwr.common import NDArrays, Scalar
+from flwr.common import NDArrays, Parameters, Scalar, ndarray_to_bytes, parameters_to_ndarrays
 
 KINDS = ("model", "delta", "gradient", "parts", "empty")
 MAIN = "model"  # the part that single-array kinds are stored under
@@ -77,3 +77,20 @@ def unpack(arrays: NDArrays, meta: Mapping[str, Scalar]) -> Payload:
         parts[str(name)] = list(arrays[start : start + n])
         start += n
     return Payload("parts", parts)
+
+
+class LocalParameters(Parameters):
+    """Flower ``Parameters`` (the serialized bytes, which bytes counters measure) that also keep
+    the arrays they encode: a reply that never left the process (a batched device's) is read
+    back without decoding (``decode``); 700 decodes cost ~0.4 s a team round."""
+
+    def __init__(self, arrays: NDArrays) -> None:
+        super().__init__(tensors=[ndarray_to_bytes(a) for a in arrays], tensor_type="numpy.ndarray")
+        self.arrays = list(arrays)
+
+
+def decode(parameters: Parameters) -> NDArrays:
+    """The arrays of ``parameters``: kept ones where it holds them, else Flower's decoding."""
+    if isinstance(parameters, LocalParameters):
+        return list(parameters.arrays)
+    return parameters_to_ndarrays(parameters)

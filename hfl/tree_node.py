@@ -22,7 +22,7 @@ from flwr.server.strategy import Strategy
 
 from hfl.evaluation import DeviceScore, add_reports, evaluation_result, target_report
 from hfl.faults import drop
-from hfl.inprocess import evaluate_children, run_fit_rounds
+from hfl.inprocess import FitMany, evaluate_children, fit_one_by_one, run_fit_rounds
 from hfl.payload import Payload, pack, unpack
 from hfl.sampling import parse_devices, sample_children
 from hfl.store import StateStore
@@ -115,6 +115,7 @@ class NodeClient(NumPyClient):
         pm_base: str | None = None,
         level_models: bool = True,
         evaluation_context: Callable[[dict[str, np.ndarray] | None], dict[str, NDArrays]] | None = None,
+        fit_many: FitMany = fit_one_by_one,
     ) -> None:
         self.spec = spec
         self.children = children
@@ -127,6 +128,7 @@ class NodeClient(NumPyClient):
         self.pm_base = pm_base  # "gm": a device's PM is the root's model completed by its own part (PFLEGO)
         self.level_models = level_models  # false: the servers' models are no predictors (gradient servers)
         self.evaluation_context = evaluation_context  # stored node state -> ctx_* parts it adds for its devices' PM
+        self.fit_many = fit_many  # how a round's children are called (a lowest node's devices may be batched)
 
     def _asked_children(self, children: list, config: dict[str, Scalar], round_path: str, server_round: int) -> list:
         """The children a round asks: those holding a device the root drew (sampling=devices),
@@ -169,7 +171,8 @@ class NodeClient(NumPyClient):
 
         forward = {"devices": config["devices"]} if spec.device_sampling else None
         try:
-            params, report = run_fit_rounds(strategy, self.children, spec.rounds, sample, round_path, forward)
+            params, report = run_fit_rounds(strategy, self.children, spec.rounds, sample, round_path, forward,
+                                            self.fit_many)
         except RuntimeError as exc:  # the node fails its call: its parent counts it as a failed child
             raise RuntimeError(f"node {spec.path}: {exc}") from exc
         model = parameters_to_ndarrays(params)

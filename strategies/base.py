@@ -32,7 +32,7 @@ from flwr.server.strategy import Strategy
 from hfl.aggregate import nbytes, update_problem
 from hfl.evaluation import pool_evaluations
 from hfl.faults import Dropout
-from hfl.payload import unpack
+from hfl.payload import decode, unpack
 from hfl.sampling import DeviceDraw
 from hfl.store import StateStore
 
@@ -85,7 +85,7 @@ def accept_results(
     accepted, rejected = [], 0
     for proxy, res in results:
         try:
-            payload = unpack(parameters_to_ndarrays(res.parameters), res.metrics)
+            payload = unpack(decode(res.parameters), res.metrics)
         except (ValueError, KeyError) as exc:
             payload, problem = None, f"malformed payload: {exc}"
         else:

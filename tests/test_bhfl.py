@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hfl.device import stored_device_states
 from hfl.errors import ConfigError
 from hfl.nodeopt import DEFAULTS
 from hfl.simulate import run
@@ -246,7 +247,7 @@ def test_residual_edges_change_the_model_and_keep_a_state_per_edge(runs):
     assert int(level2["res_down0.step"]) == 2  # one merge per call, one call per global round
     assert not any(k.startswith("res_up") for k in level2)  # devices forward no residual updates
     # a device got the root's and the level-1 node's models as residuals
-    device = store.load("device-0")
+    device = stored_device_states(store)[0]
     assert {"extra_res_down0.step", "extra_res_down1.step", "extra_down.step"} <= set(device)
     # the largest child update went straight to the grandparent: level 1 and the root merged residuals
     level1, root = store.load("node-0"), store.load("node-root")
@@ -254,8 +255,9 @@ def test_residual_edges_change_the_model_and_keep_a_state_per_edge(runs):
     assert not any(k.startswith("res_down") for k in level1)  # the root has no ancestors to forward
     # with the edges off, none of this state exists
     plain = StateStore(off / "state")
-    for key in ("node-root", "node-0", "node-0.0", "device-0"):
+    for key in ("node-root", "node-0", "node-0.0"):
         assert not any(k.startswith(("res_", "extra_res_")) for k in plain.load(key)), key
+    assert not any(k.startswith("extra_res_") for k in stored_device_states(plain)[0])
 
 
 def test_proxy_training_runs_scores_the_root_and_changes_the_model(runs):

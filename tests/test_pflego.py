@@ -15,11 +15,13 @@ from flwr.common import GetPropertiesIns, GetPropertiesRes, ndarrays_to_paramete
 from torch.func import functional_call
 
 from hfl.aggregate import mean_of, nbytes
+from hfl.device import stored_device_states
 from hfl.errors import ConfigError
 from hfl.models import MLP
 from hfl.node import device_data, federation_for, model_classes
 from hfl.sampling import DeviceDraw, sample_devices
 from hfl.simulate import run
+from hfl.store import StateStore
 from strategies import pflego
 from strategies.base import fit_test_metrics
 from tests.conftest import compose_cfg
@@ -240,7 +242,7 @@ def test_run_reports_pm_and_the_papers_figure_and_skips_undrawn_subtrees(tmp_pat
     assert last["bytes_down_global"] == pytest.approx((holders + 6) * body_bytes, abs=0)
     assert last["bytes_up_global"] == pytest.approx(holders * body_bytes, abs=0)
     ever = {d for r in records for d in r["devices"]}
-    with_head = {int(h.stem.split("-")[1]) for h in (out / "state").glob("device-*.npz") if "extra_head" in np.load(h).files}
+    with_head = {d for d, state in stored_device_states(StateStore(out / "state")).items() if "extra_head" in state}
     assert with_head == ever  # a head is made and kept by the device's first round, never sent
 
 

@@ -1,0 +1,317 @@
+"""Every sampled device of a node stepped as one computation (runtime.batched; issue 12).
+
+A device client whose local work is "``steps`` minibatch steps of
+``theta <- theta - lr * grad f(theta) - lr * prox * (theta - anchor)``" (plain SGD without an
+anchor) describes a fit as a ``FitPlan``: one or more such ``Phase``s on its own sampler, and a
+``finish`` that turns the trained models into its reply (and updates what it keeps). The
+per-device path (``run_plan``) runs a plan with ``hfl.training.run_local_steps``, exactly as
+the clients always did; the batched path (``run_plans``) runs the plans of all the devices a
+node asked at once:
+
+- parameters are stacked along a new leading device axis;
+- each device still draws its own minibatches from its own sampler, in the same order, so the
+  samplers end where the per-device path leaves them; a short last batch of an epoch is padded
+  and the padding weighted 0, so every device's loss is the mean over its real samples;
+- gradients come from a closed form where the model has one (MCLR), else from
+  ``torch.func.vmap(grad(...))`` over ``functional_call``;
+- per-device learning rates, prox coefficients and anchors are tensors, so nothing assumes the
+  devices received the same config.
+
+Results equal the per-device path within float tolerance (tests/test_batched.py), not bitwise:
+sums run in a different order. With ``runtime.device=cuda`` the data, the stacked models and all
+steps of a phase live on the GPU; the models come back to the host once, at the end of the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from flwr.common import Code, FitIns, FitRes, NDArrays, Scalar, Status, parameters_to_ndarrays
+from flwr.server.client_proxy import ClientProxy
+from torch.func import functional_call, grad_and_value, vmap
+
+from hfl.device import DeviceRuntime
+from hfl.models import MCLR
+from hfl.payload import LocalParameters
+from hfl.training import BatchSampler, LocalTrainer, Params, run_local_steps
+
+FitReply = tuple[NDArrays, int, dict[str, Scalar]]
+
+
+class DeviceClientLike(Protocol):  # clients.base.DeviceClient (which imports this module)
+    device: DeviceRuntime
+
+    def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan | None: ...
+
+
+@dataclass
+class Phase:
+    """``steps`` minibatch steps from ``start``; with an ``anchor``, the prox-SGD step toward it."""
+
+    start: Params
+    steps: int
+    lr: float
+    anchor: Params | None = None
+    prox: float = 0.0
+
+
+@dataclass
+class FitPlan:
+    """A device's fit: its phases, run in order on its sampler, then ``finish(models, losses)``
+    (the trained model and mean loss of each phase) gives its reply."""
+
+    phases: list[Phase]
+    finish: Callable[[list[Params], list[float]], FitReply]
+
+
+def phase_update(phase: Phase) -> Callable[[Params, Params], Params]:
+    """The per-device update of a phase (the exact expressions the clients always used)."""
+    lr, prox, anchor = phase.lr, phase.prox, phase.anchor
+    if anchor is None:
+        return lambda p, g: [t - lr * gr for t, gr in zip(p, g, strict=True)]
+    return lambda p, g: [t - lr * gr - lr * prox * (t - a) for t, gr, a in zip(p, g, anchor, strict=True)]
+
+
+def run_plan(dev: DeviceRuntime, plan: FitPlan) -> FitReply:
+    """The per-device path: each phase with ``run_local_steps`` on the device's own sampler."""
+    models, losses = [], []
+    for phase in plan.phases:
+        params, loss = run_local_steps(dev.trainer, phase.start, dev.x_train, dev.y_train, dev.sampler,
+                                       phase.steps, phase_update(phase))
+        models.append(params)
+        losses.append(loss)
+    return plan.finish(models, losses)
+
+
+def resolve_device(setting: str) -> torch.device:
+    """``runtime.device``: auto -> cuda when torch sees a GPU, else cpu."""
+    setting = str(setting or "auto").lower()
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(setting)
+
+
+# ------------------------------------------------------------------ stacked gradients
+def mclr_batched_loss_and_grad(params: Params, x: torch.Tensor, y: torch.Tensor,
+                               w: torch.Tensor) -> tuple[torch.Tensor, Params]:
+    """MCLR's weighted NLL per device and its exact gradient, for stacked parameters
+    (``[D, C, F]``, ``[D, C]``), inputs ``[D, B, ...]``, labels and weights ``[D, B]``."""
+    weight, bias = params
+    x = x.flatten(2)
+    # Logits transposed, [D, C, B]: W @ x^T runs ~2x faster on CPU than x @ W^T (N = C is tiny).
+    logp = torch.log_softmax(torch.baddbmm(bias.unsqueeze(2), weight, x.transpose(1, 2)), dim=1)
+    picked = logp.gather(1, y.unsqueeze(1)).squeeze(1)
+    loss = -(w * picked).sum(1)
+    g = logp.exp_()
+    g.scatter_add_(1, y.unsqueeze(1), torch.full_like(picked, -1.0).unsqueeze(1))
+    g.mul_(w.unsqueeze(1))
+    return loss, [torch.bmm(g, x), g.sum(2)]
+
+
+def functional_batched_loss_and_grad(trainer: LocalTrainer) -> Callable:
+    """vmap over devices of grad_and_value of one device's weighted NLL (any model without buffers)."""
+    names = trainer.names
+    model = trainer.model
+
+    def device_loss(params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, dict(zip(names, params, strict=True)), (x,))
+        return (w * F.nll_loss(out, y, reduction="none")).sum()
+
+    grads = vmap(grad_and_value(device_loss))
+
+    def loss_and_grad(params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, Params]:
+        g, loss = grads(list(params), x, y, w)
+        return loss, list(g)
+
+    return loss_and_grad
+
+
+def batched_loss_and_grad(trainer: LocalTrainer) -> Callable:
+    if type(trainer.model) is MCLR:
+        return mclr_batched_loss_and_grad
+    return functional_batched_loss_and_grad(trainer)
+
+
+# ------------------------------------------------------------------ the batched path
+class DeviceData:
+    """The training data of a node's devices, concatenated once on the compute device, with
+    each device's offset into it."""
+
+    def __init__(self, devices: Sequence[DeviceRuntime], device: torch.device) -> None:
+        self.device = device
+        self.x = torch.cat([d.x_train for d in devices]).to(device)
+        self.y = torch.cat([d.y_train for d in devices]).to(device)
+        sizes = [len(d.y_train) for d in devices]
+        self.offset = {d.device_id: sum(sizes[:i]) for i, d in enumerate(devices)}
+
+
+def take_batches(sampler: BatchSampler, steps: int) -> torch.Tensor | list[torch.Tensor]:
+    """``steps`` calls of ``sampler.next()``: one ``[steps, B]`` slice of the current epoch when
+    they all fit in it (the common case, one op instead of ``steps``), else the list of batches."""
+    end = sampler.pos + steps * sampler.batch_size
+    if sampler.pos < len(sampler.perm) and end <= len(sampler.perm):
+        block = sampler.perm[sampler.pos:end].view(steps, sampler.batch_size)
+        sampler.pos = end
+        return block
+    return [sampler.next() for _ in range(steps)]
+
+
+def draw_batches(devices: Sequence[DeviceRuntime], offsets: Sequence[int], steps: int,
+                 batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every step's minibatch of every device, from its own sampler (advanced exactly as the
+    per-device path would): row indices into the concatenated data ``[steps, D, B]`` and the
+    weights ``[steps, D, B]`` (1/len of the batch for real rows, 0 for padding)."""
+    drawn = [take_batches(dev.sampler, steps) for dev in devices]
+    if all(isinstance(d, torch.Tensor) and d.shape[1] == batch_size for d in drawn):
+        index = torch.stack(drawn, dim=1) + torch.tensor(offsets).view(1, -1, 1)  # [steps, D, B]
+        return index, torch.full(index.shape, 1.0 / batch_size)
+    rows = [drawn[d][s] + offsets[d] for s in range(steps) for d in range(len(devices))]  # step-major: [steps * D]
+    lengths = torch.tensor([len(idx) for idx in rows])
+    if bool((lengths == batch_size).all()):
+        index = torch.stack(rows)
+        weight = torch.full(index.shape, 1.0 / batch_size)
+    else:  # short last batches of an epoch: pad with the device's first row, weighted 0
+        index = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=-1)
+        index = torch.nn.functional.pad(index, (0, batch_size - index.shape[1]), value=-1)
+        real = index >= 0
+        firsts = torch.tensor([offsets[i % len(devices)] for i in range(len(rows))]).unsqueeze(1)
+        index = torch.where(real, index, firsts)
+        weight = real.float() / lengths.unsqueeze(1)
+    return index.view(steps, len(devices), batch_size), weight.view(steps, len(devices), batch_size)
+
+
+def per(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Per-device values ``[D]`` shaped to broadcast over a stacked tensor ``[D, ...]``."""
+    return values.view(-1, *([1] * (like.dim() - 1)))
+
+
+def stack(models: Sequence[Params], device: torch.device) -> Params:
+    return [torch.stack([m[i] for m in models]).to(device) for i in range(len(models[0]))]
+
+
+def run_phase(trainer: LocalTrainer, data: DeviceData, devices: Sequence[DeviceRuntime],
+              phases: Sequence[Phase], loss_and_grad: Callable) -> tuple[list[Params], list[float]]:
+    """One phase of every device's plan, stepped together; returns each device's model and mean loss."""
+    dev = data.device
+    steps = phases[0].steps
+    if steps == 0:
+        return [[p.clone() for p in ph.start] for ph in phases], [0.0] * len(phases)
+    batch = max(d.sampler.batch_size for d in devices)
+    index, weight = draw_batches(devices, [data.offset[d.device_id] for d in devices], steps, batch)
+    index, weight = index.to(dev), weight.to(dev)
+    theta = stack([ph.start for ph in phases], dev)
+    lr = torch.tensor([ph.lr for ph in phases], device=dev)
+    anchored = [ph.anchor is not None for ph in phases]
+    if any(anchored):
+        anchor = stack([ph.anchor if ph.anchor is not None else ph.start for ph in phases], dev)
+        lr_prox = torch.tensor([ph.lr * ph.prox if ph.anchor is not None else 0.0 for ph in phases], device=dev)
+    total = torch.zeros(len(phases), device=dev)
+    for s in range(steps):
+        rows = index[s].reshape(-1)
+        x = data.x.index_select(0, rows).view(len(phases), batch, *data.x.shape[1:])
+        y = data.y.index_select(0, rows).view(len(phases), batch)
+        loss, grads = loss_and_grad(theta, x, y, weight[s])
+        if any(anchored):
+            theta = [t - per(lr, t) * g - per(lr_prox, t) * (t - a) for t, g, a in zip(theta, grads, anchor, strict=True)]
+        else:
+            theta = [t - per(lr, t) * g for t, g in zip(theta, grads, strict=True)]
+        total += loss.detach()
+    theta = [t.cpu() for t in theta]
+    losses = (total / steps).cpu().tolist()
+    return [[t[i] for t in theta] for i in range(len(phases))], losses
+
+
+def signature(plan: FitPlan) -> tuple[int, ...]:
+    """Plans with the same phase steps run together."""
+    return tuple(ph.steps for ph in plan.phases)
+
+
+def run_plans(devices: Sequence[DeviceRuntime], plans: Sequence[FitPlan], data: DeviceData) -> list[FitReply]:
+    """The batched path: the plans of ``devices`` (same architecture: one node's trainer), run
+    phase by phase for all of them at once; each device's ``finish`` makes its reply."""
+    if not devices:
+        return []
+    trainer = devices[0].trainer
+    loss_and_grad = batched_loss_and_grad(trainer)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, plan in enumerate(plans):
+        groups.setdefault(signature(plan), []).append(i)
+    replies: list[FitReply | None] = [None] * len(plans)
+    for members in groups.values():
+        group_devices = [devices[i] for i in members]
+        results: list[tuple[list[Params], list[float]]] = [([], []) for _ in members]
+        for p in range(len(plans[members[0]].phases)):
+            models, losses = run_phase(trainer, data, group_devices, [plans[i].phases[p] for i in members], loss_and_grad)
+            for r, (m, loss) in enumerate(zip(models, losses, strict=True)):
+                results[r][0].append(m)
+                results[r][1].append(loss)
+        for i, (models, losses) in zip(members, results, strict=True):
+            replies[i] = plans[i].finish(models, losses)
+    return replies  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------ a lowest node's children
+class BatchedFit:
+    """What a lowest node calls instead of its devices' ``fit`` one by one
+    (``hfl.inprocess.run_fit_rounds``'s ``fit_many``): the devices whose client returns a plan
+    are stepped together; any other child (a dropped one, a client without a plan) is called as
+    usual. Returns, per call, the FitRes or the exception the device raised."""
+
+    def __init__(self, clients: dict[str, DeviceClientLike], proxies: dict[str, ClientProxy],
+                 device: torch.device) -> None:
+        self.clients = clients  # cid -> the NumPyClient behind proxies[cid]
+        self.proxies = proxies
+        self.device = device
+        self._data: DeviceData | None = None
+
+    def data(self) -> DeviceData:
+        if self._data is None:  # built at the first fit, kept for the node's later rounds
+            self._data = DeviceData([c.device for c in self.clients.values()], self.device)
+        return self._data
+
+    def __call__(self, calls: Sequence[tuple[ClientProxy, FitIns]]) -> list[FitRes | BaseException]:
+        outcomes: list[FitRes | BaseException | None] = [None] * len(calls)
+        planned: list[tuple[int, DeviceClientLike, FitPlan]] = []
+        decoded: dict[int, NDArrays] = {}  # a strategy sends every device the same Parameters
+        for i, (proxy, ins) in enumerate(calls):
+            client = self.clients.get(proxy.cid)
+            if client is None or self.proxies.get(proxy.cid) is not proxy:
+                outcomes[i] = call_fit(proxy, ins)  # e.g. a DroppedProxy: raises like a dead device
+                continue
+            try:
+                key = id(ins.parameters)
+                if key not in decoded:
+                    decoded[key] = parameters_to_ndarrays(ins.parameters)
+                plan = client.fit_plan(decoded[key], dict(ins.config))
+            except Exception as exc:  # noqa: BLE001 - the device fails, as its fit would
+                outcomes[i] = exc
+                continue
+            if plan is None:
+                outcomes[i] = call_fit(proxy, ins)
+            else:
+                planned.append((i, client, plan))
+        if planned:
+            try:
+                replies = run_plans([c.device for _, c, _ in planned], [p for _, _, p in planned], self.data())
+            except Exception as exc:  # noqa: BLE001 - a failed batched step fails every device in it
+                replies = [exc] * len(planned)
+            for (i, _, _), reply in zip(planned, replies, strict=True):
+                outcomes[i] = reply if isinstance(reply, BaseException) else fit_res(reply)
+        return outcomes  # type: ignore[return-value]
+
+
+def call_fit(proxy: ClientProxy, ins: FitIns) -> FitRes | BaseException:
+    try:
+        return proxy.fit(ins, timeout=None, group_id=None)
+    except Exception as exc:  # noqa: BLE001 - counted as the child's failure by the caller
+        return exc
+
+
+def fit_res(reply: FitReply) -> FitRes:
+    """A device's (arrays, num_examples, metrics) as the FitRes Flower's NumPyClient would make."""
+    arrays, num_examples, metrics = reply
+    return FitRes(Status(Code.OK, "Success"), LocalParameters(arrays), int(num_examples), dict(metrics))

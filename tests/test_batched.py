@@ -1,0 +1,210 @@
+"""The batched device path (hfl.batched) computes what the per-device path does: the same
+minibatches from the same samplers, the same gradients, the same models within float tolerance,
+for every algorithm that takes it (algorithm.batched: true)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from clients.base import DeviceClient
+from hfl import batched as batched_module
+from hfl.apps import CONF_DIR
+from hfl.batched import (
+    DeviceData,
+    FitPlan,
+    Phase,
+    batched_loss_and_grad,
+    draw_batches,
+    run_plan,
+    run_plans,
+    take_batches,
+)
+from hfl.config import load_module
+from hfl.device import DeviceRuntime, pack_states, unpack_states
+from hfl.errors import ConfigError
+from hfl.models import CNN, DNN, MCLR, mclr_loss_and_grad
+from hfl.simulate import run
+from hfl.training import BatchSampler, LocalTrainer
+from tests.conftest import SMALL, compose_cfg
+
+ALGORITHMS = sorted(p.stem for p in (CONF_DIR / "algorithm").glob("*.yaml"))
+
+
+def batched_flag(name: str) -> bool:
+    cfg = compose_cfg(f"algorithm={name}")
+    return bool(cfg["algorithm"]["batched"])
+
+
+# ---------------------------------------------------------------- minibatches
+def test_take_batches_is_next_called_steps_times():
+    a, b = BatchSampler(50, 8, seed=3), BatchSampler(50, 8, seed=3)
+    for steps in (3, 1, 4, 5, 2, 9):  # crosses epoch ends (50 = 6 x 8 + 2: a short last batch)
+        got = take_batches(a, steps)
+        want = [b.next() for _ in range(steps)]
+        got = list(got) if isinstance(got, torch.Tensor) else got
+        assert [g.tolist() for g in got] == [w.tolist() for w in want]
+        assert a.pos == b.pos and torch.equal(a.perm, b.perm)
+
+
+def _device(i: int, n: int, batch: int, dim: int = 6, classes: int = 3, model: torch.nn.Module | None = None) -> DeviceRuntime:
+    g = torch.Generator().manual_seed(100 + i)
+    x, y = torch.randn(n, dim, generator=g), torch.randint(0, classes, (n,), generator=g)
+    trainer = LocalTrainer(model if model is not None else MCLR((dim,), classes))
+    return DeviceRuntime(i, x, y, x[:2], y[:2], trainer, BatchSampler(n, batch, seed=i))
+
+
+def test_short_last_batches_are_padded_with_zero_weight():
+    devices = [_device(0, 10, 4), _device(1, 13, 4)]  # epochs of 4+4+2 and 4+4+4+1 samples
+    index, weight = draw_batches(devices, [0, 10], steps=4, batch_size=4)
+    assert index.shape == weight.shape == (4, 2, 4)
+    torch.testing.assert_close(weight.sum(2), torch.ones(4, 2))  # every device-step is a mean
+    assert weight[2, 0].tolist() == [0.5, 0.5, 0.0, 0.0]  # device 0's third batch has 2 samples
+    assert weight[3, 1].tolist() == [1.0, 0.0, 0.0, 0.0]  # device 1's fourth batch has 1
+    assert int(index[:, 1].min()) >= 10 and int(index[:, 0].max()) < 10  # rows stay in each device's data
+
+
+# ---------------------------------------------------------------- gradients
+def _weights(batch: int, lengths: list[int]) -> torch.Tensor:
+    w = torch.zeros(len(lengths), batch)
+    for d, n in enumerate(lengths):
+        w[d, :n] = 1.0 / n
+    return w
+
+
+@pytest.mark.parametrize("model", [MCLR((6,), 3), DNN((6,), 3, hidden=5), CNN((1, 6, 6), 3, hidden=4)],
+                         ids=["mclr-closed-form", "dnn-vmap", "cnn-vmap"])
+def test_stacked_gradients_equal_each_devices_own(model):
+    torch.manual_seed(0)
+    trainer = LocalTrainer(model)
+    shape = (1, 6, 6) if isinstance(model, CNN) else (6,)
+    lengths, batch = [5, 3, 5], 5
+    params = [[p + 0.1 * torch.randn_like(p) for p in trainer.initial_params()] for _ in lengths]
+    x, y = torch.randn(len(lengths), batch, *shape), torch.randint(0, 3, (len(lengths), batch))
+    loss, grads = batched_loss_and_grad(trainer)([torch.stack(t) for t in zip(*params)], x, y, _weights(batch, lengths))
+    for d, n in enumerate(lengths):
+        want_loss, want = trainer.loss_and_grad(params[d], x[d, :n], y[d, :n])
+        torch.testing.assert_close(loss[d], want_loss, rtol=1e-5, atol=1e-6)
+        for g, w in zip(grads, want, strict=True):
+            torch.testing.assert_close(g[d], w, rtol=1e-5, atol=1e-6)
+    if isinstance(model, MCLR):  # the closed form against autograd, padding included
+        w_d, y_d = torch.stack([params[1][0]]), y[1, :3]
+        assert torch.allclose(mclr_loss_and_grad([w_d[0], params[1][1]], x[1, :3], y_d)[0],
+                              -F.log_softmax(x[1, :3] @ w_d[0].t() + params[1][1], 1).gather(1, y_d[:, None]).mean())
+
+
+# ---------------------------------------------------------------- plans
+def _plans(devices: list[DeviceRuntime]) -> list[FitPlan]:
+    plans = []
+    for d in devices:
+        start = [p + 0.01 * d.device_id for p in d.trainer.initial_params()]
+        anchor = [p * 0.5 for p in start] if d.device_id % 2 else None
+        plans.append(FitPlan([Phase(start, 7, 0.1 + 0.05 * d.device_id, anchor, 0.3), Phase(start, 3, 0.2)],
+                             lambda models, losses: ([m.numpy() for m in models[0] + models[1]], 1, {"loss": losses[0]})))
+    return plans
+
+
+def test_batched_plans_equal_per_device_plans_and_leave_samplers_alike():
+    torch.manual_seed(0)
+    model = DNN((6,), 3, hidden=5)
+    one = [_device(i, n, 4, model=model) for i, n in enumerate([9, 17, 4])]
+    many = [_device(i, n, 4, model=model) for i, n in enumerate([9, 17, 4])]
+    want = [run_plan(d, p) for d, p in zip(one, _plans(one), strict=True)]
+    got = run_plans(many, _plans(many), DeviceData(many, torch.device("cpu")))
+    for (g_arrays, _, g_metrics), (w_arrays, _, w_metrics) in zip(got, want, strict=True):
+        for g, w in zip(g_arrays, w_arrays, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+        assert g_metrics["loss"] == pytest.approx(w_metrics["loss"], rel=1e-5)
+    for a, b in zip(one, many, strict=True):
+        assert a.sampler.pos == b.sampler.pos and torch.equal(a.sampler.perm, b.sampler.perm)
+
+
+# ---------------------------------------------------------------- device state in one file
+def test_packed_device_states_round_trip_with_ragged_and_missing_fields():
+    states = {
+        4: {"sampler_perm": np.arange(7), "sampler_pos": np.array(3), "num_personal": np.array(2),
+            "personal_0": np.ones((2, 3), np.float32), "personal_1": np.zeros(2, np.float32)},
+        1: {"sampler_perm": np.arange(2), "sampler_pos": np.array(0), "num_personal": np.array(0)},
+        9: {"sampler_perm": np.arange(0), "sampler_pos": np.array(5), "num_personal": np.array(2),
+            "personal_0": np.full((4, 3), 2.0, np.float32), "personal_1": np.ones(4, np.float32),
+            "extra_head": np.array([[1.5]])},
+    }
+    back = unpack_states(pack_states(states))
+    assert sorted(back) == [1, 4, 9]
+    for i, arrays in states.items():
+        assert sorted(back[i]) == sorted(arrays)
+        for name, value in arrays.items():
+            np.testing.assert_array_equal(back[i][name], value)
+            assert back[i][name].dtype == value.dtype
+    with pytest.raises(ValueError, match="differs in rank"):
+        pack_states({0: {"a": np.zeros(2)}, 1: {"a": np.zeros((2, 2))}})
+
+
+# ---------------------------------------------------------------- which algorithms, and the switch
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_algorithm_batched_flag_matches_its_client(name):
+    cfg = compose_cfg(f"algorithm={name}")
+    module = load_module(cfg["algorithm"], "client")
+    client_class = getattr(module, module.make_client.__annotations__["return"])
+    assert issubclass(client_class, DeviceClient)
+    plans = client_class.fit_plan is not DeviceClient.fit_plan and client_class.__name__ != "FedRepClient"
+    assert cfg["algorithm"]["batched"] == plans
+
+
+def test_batched_on_is_refused_for_an_algorithm_without_the_path():
+    with pytest.raises(ConfigError, match="runtime.batched"):
+        run(compose_cfg(*SMALL, "algorithm=pfedme", "runtime=inprocess", "runtime.batched=on"), "/tmp/never-created")
+
+
+# ---------------------------------------------------------------- whole runs: batched = per-device
+# Overrides that give each algorithm something to batch: a hidden layer where it splits heads.
+EXTRA = {"fedper": ["model=dnn"], "bhfl": ["topology=tree", "topology.fanout=[2,2,3]", "algorithm.sample_fraction=[1,0.5,0.67]"]}
+BATCHED = [a for a in ALGORITHMS if yaml.safe_load((CONF_DIR / "algorithm" / f"{a}.yaml").read_text()).get("batched")]
+
+
+def _run(tmp: Path, name: str, mode: str, extra: list[str]) -> Path:
+    out = tmp / mode
+    run(compose_cfg(*SMALL, f"algorithm={name}", "runtime=inprocess", f"runtime.batched={mode}", "dataset.batch_size=20",
+                    *EXTRA.get(name, []), *extra), out)
+    return out
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name", BATCHED)
+def test_batched_run_equals_per_device_run(tmp_path, monkeypatch, name):
+    # a dropped device among batched ones
+    extra = ["runtime.dropout=0.34", "algorithm.min_fit_fraction=0.6"] if name == "permfl" else []
+    stepped: list[int] = []  # devices per batched call: proof the batched path ran
+
+    def counted(devices, plans, data):  # noqa: ANN001, ANN202
+        stepped.append(len(devices))
+        return run_plans(devices, plans, data)
+
+    monkeypatch.setattr(batched_module, "run_plans", counted)
+    off = _run(tmp_path, name, "off", extra)
+    assert not stepped
+    on = _run(tmp_path, name, "on", extra)
+    assert stepped and max(stepped) >= 2
+    with np.load(on / "checkpoints" / "global_model.npz") as a, np.load(off / "checkpoints" / "global_model.npz") as b:
+        assert a.files == b.files
+        for key in a.files:
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=1e-5, err_msg=key)
+    for got, want in zip(_rows(on), _rows(off), strict=True):
+        for key, value in want.items():
+            if value is None or isinstance(value, str):
+                assert got[key] == value, key
+            elif key.endswith("_accuracy"):
+                assert got[key] == pytest.approx(value, abs=1e-3), key  # at most a borderline sample flips
+            elif key.endswith("_loss"):
+                assert got[key] == pytest.approx(value, rel=1e-3), key
+            elif key.startswith(("failures", "device_failures", "bytes_")):
+                assert got[key] == value, key
