@@ -110,7 +110,9 @@ def compose_config(overrides: str, run_id: int) -> dict:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = OmegaConf.to_container(compose("config", overrides=shlex.split(overrides)), resolve=True)
     validate(cfg)
-    cfg["runtime"]["state_dir"] = str(Path(tempfile.gettempdir()) / f"hfl-state-{run_id}")
+    # runtime.state_dir (a directory every Ray node mounts) or this machine's temp dir; a folder per run
+    base = cfg["runtime"].get("state_dir") or tempfile.gettempdir()
+    cfg["runtime"]["state_dir"] = str(Path(base) / f"hfl-state-{run_id}")
     return cfg
 
 

@@ -173,6 +173,7 @@ def validate(cfg: Mapping) -> None:
     if address is not None and (not isinstance(address, str) or not address.strip()):
         raise ConfigError("runtime.ray_address", "must be null (a fresh local Ray instance) or the address of a Ray "
                                                  f"cluster ('auto', 'host:port', 'ray://host:port'), got {address!r}")
+    check_state_dir(runtime)
 
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -208,3 +209,28 @@ def _check_accelerators(alg: Mapping, runtime: Mapping) -> None:
     gpus = runtime.get("num_gpus_per_team")
     if gpus is not None:
         check_number("runtime.num_gpus_per_team", gpus, minimum=0)
+
+
+def check_state_dir(runtime: Mapping) -> None:
+    """``runtime.state_dir``: null (the run directory's ``state/``), or the absolute path of a
+    directory every Ray node mounts (and the driver, which prepares and rolls back the store).
+    Relative paths are refused: each Ray worker would resolve it against its own working
+    directory. A directory that does not exist yet must be creatable."""
+    import os
+    from pathlib import Path
+
+    value = runtime.get("state_dir")
+    if value is None:
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError("runtime.state_dir", "must be null (the run directory's state/) or the absolute path "
+                                               f"of a directory every Ray node mounts, got {value!r}")
+    path = Path(value)
+    if not path.is_absolute():
+        raise ConfigError("runtime.state_dir", f"must be an absolute path (every Ray node resolves it alike), "
+                                               f"got {value!r}")
+    existing = next(p for p in (path, *path.parents) if p.exists())  # "/" always exists
+    if not existing.is_dir():
+        raise ConfigError("runtime.state_dir", f"{value}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError("runtime.state_dir", f"{value}: {existing} is not writable here")

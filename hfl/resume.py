@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import pickle
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,8 @@ log = logging.getLogger("hfl")
 
 CHECKPOINT = Path("checkpoints") / "resume.pkl"
 CONFIG = Path("checkpoints") / "config.json"
+# The run's folder under runtime.state_dir (absent when the run keeps its state in <run dir>/state).
+STATE_KEY = Path("checkpoints") / "state_key"
 # Keys that say how a run runs, not what it computes: they may differ when it is resumed.
 FREE_KEYS = ("resume", "hydra", "runtime.verbose", "runtime.torch_threads", "runtime.ray_tmp_dir",
              "runtime.ray_address", "runtime.num_cpus_per_team", "runtime.state_dir")
@@ -98,15 +101,52 @@ def record_config(cfg: Mapping, run_dir: Path) -> None:
     atomic_write_bytes(path, (json.dumps(cfg, indent=1, sort_keys=True) + "\n").encode())
 
 
+def state_dir(cfg: Mapping, run_dir: str | os.PathLike) -> Path:
+    """Where the run's nodes and devices keep their state (hfl.store): ``<run dir>/state`` with
+    ``runtime.state_dir`` null, else ``<runtime.state_dir>/<the run's key>``, the key recorded in
+    the run directory (``STATE_KEY``) when the run began, so that runs sharing one state_dir never
+    touch each other's state and a resumption finds its own wherever state_dir is mounted now.
+    Call it after ``prepare``. A resumption whose state_dir disagrees with where the run kept its
+    state is refused, naming ``runtime.state_dir``."""
+    run_dir = Path(run_dir)
+    base = cfg.get("runtime", {}).get("state_dir")
+    key_file = run_dir / STATE_KEY
+    key = key_file.read_text().strip() if key_file.exists() else None
+    if base and key:
+        return Path(base) / key
+    if not base and not key:
+        return run_dir / "state"
+    if base:
+        raise ConfigError("runtime.state_dir", f"the run in {run_dir} keeps its state in {run_dir / 'state'} (it began "
+                                               "with runtime.state_dir=null); resume it with runtime.state_dir=null")
+    raise ConfigError("runtime.state_dir", f"the run in {run_dir} keeps its state in the folder {key!r} of the "
+                                           "runtime.state_dir it began with; resume it with that directory (its path "
+                                           "where every Ray node mounts it now)")
+
+
+def _new_state_key(cfg: Mapping, run_dir: Path) -> None:
+    """A fresh run: with a runtime.state_dir, a folder of its own there (kept when the run
+    directory already had one, so rerunning in it reuses, and clears, that folder)."""
+    key_file = run_dir / STATE_KEY
+    if not cfg.get("runtime", {}).get("state_dir"):
+        key_file.unlink(missing_ok=True)
+    elif not key_file.exists():
+        key_file.parent.mkdir(parents=True, exist_ok=True)
+        # The run directory's name is readable; the random part keeps two run directories of
+        # the same name (Hydra's time-of-day folders of two days) apart.
+        atomic_write_bytes(key_file, f"{run_dir.name}-{uuid.uuid4().hex[:8]}\n".encode())
+
+
 def prepare(cfg: Mapping, run_dir: str | os.PathLike) -> Checkpoint | None:
     """Run before any node starts (in the driver). A fresh run (``resume`` false) records its
-    config and empties the directory's state store and checkpoint; a resumption checks the
+    config and empties its state store (``state_dir``) and checkpoint; a resumption checks the
     config against the recorded one and rolls the store back to the checkpoint's round. Returns
     the checkpoint to go on from; None to start at round 1 (a fresh run, or a run killed before
     it completed a round)."""
     run_dir = Path(run_dir)
     if not cfg.get("resume", False):
-        StateStore(run_dir / "state").clear()
+        _new_state_key(cfg, run_dir)
+        StateStore(state_dir(cfg, run_dir)).clear()
         (run_dir / CHECKPOINT).unlink(missing_ok=True)
         record_config(cfg, run_dir)
         return None
@@ -120,7 +160,13 @@ def prepare(cfg: Mapping, run_dir: str | os.PathLike) -> Checkpoint | None:
         raise ConfigError("resume", f"{run_dir} holds a run of another configuration; these keys differ: {shown} "
                                     "(resume it with the overrides it was started with)")
     checkpoint = read_checkpoint(run_dir)
-    StateStore(run_dir / "state").rollback(checkpoint.round if checkpoint else 0)
+    store = state_dir(cfg, run_dir)
+    if checkpoint is not None and not store.is_dir():
+        # The folder a fresh run created is gone, or state_dir is mounted elsewhere than given:
+        # going on would silently restart every device from scratch.
+        raise ConfigError("runtime.state_dir", f"the run in {run_dir} completed {checkpoint.round} rounds, but its "
+                                               f"state folder {store} does not exist here")
+    StateStore(store).rollback(checkpoint.round if checkpoint else 0)
     return checkpoint
 
 

@@ -368,6 +368,8 @@ class SimulationRuntimeConfig(RuntimeConfig):
     num_gpus_per_team: float = MISSING  # Ray's num_gpus per team actor; fractions let team nodes share a GPU
     ray_tmp_dir: Optional[str] = MISSING
     ray_address: Optional[str] = MISSING  # null: a fresh local Ray instance; else the cluster to join
+    # null: <run dir>/state; else a directory every Ray node mounts (the run's state in a folder of its own)
+    state_dir: Optional[str] = MISSING
     verbose: bool = MISSING
 
 

@@ -25,7 +25,7 @@ from hfl.inprocess import InProcessClientProxy, client_manager_of
 from hfl.node import build_team_node, check_tree, federation_for, initial_model
 from hfl.recorder import Recorder
 from hfl.report import load_run
-from hfl.resume import Checkpoint, prepare
+from hfl.resume import Checkpoint, prepare, state_dir
 
 log = logging.getLogger("hfl")
 ray_actors = logging.getLogger("ray.actors")
@@ -95,7 +95,9 @@ def ray_init_args(runtime: Mapping) -> dict:
     would join whatever ``RAY_ADDRESS`` or ``<temp dir>/ray_current_cluster`` names, even a
     cluster long dead (a run then waits minutes and dies). A value (``"auto"``, ``"host:6379"``,
     ``"ray://host:10001"``) joins that cluster. ``runtime.ray_tmp_dir`` is Ray's temp directory
-    (where a fresh instance writes its session, and where ``"auto"`` looks for one)."""
+    (where a fresh instance writes its session, and where ``"auto"`` looks for one). Nothing
+    about resources: ``ray.init`` refuses ``num_cpus`` and the like when it joins a cluster;
+    Flower's ``client_resources`` size the team actors instead."""
     address = runtime.get("ray_address")
     args: dict = {"address": str(address) if address else "local", "include_dashboard": False}
     if runtime.get("ray_tmp_dir"):
@@ -124,6 +126,19 @@ def run_simulation(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None)
         )
 
 
+def cluster_state_warning(runtime: Mapping, state: Path) -> str | None:
+    """A run joining an existing Ray cluster (``runtime.ray_address``) with its state in the
+    run directory (``runtime.state_dir`` null): team nodes on other Ray nodes read and write
+    that path on their own filesystems, so unless it is shared their devices would silently
+    start from scratch whenever Flower hands a team to an actor elsewhere."""
+    address = str(runtime.get("ray_address") or "local").strip()
+    if runtime.get("name") != "simulation" or address == "local" or runtime.get("state_dir"):
+        return None
+    return (f"runtime.ray_address={runtime['ray_address']} joins an existing Ray cluster, and runtime.state_dir is "
+            f"null: nodes and devices keep their state in {state}, so the run directory must be on a filesystem "
+            "every Ray node shares (else set runtime.state_dir to a directory every Ray node mounts)")
+
+
 def run(cfg: Mapping, run_dir: str | Path) -> dict:
     """Validate, build the federation (failing before training on bad input), run, and
     return the summary; raises if the run did not complete every round. With ``resume``
@@ -147,11 +162,16 @@ def run(cfg: Mapping, run_dir: str | Path) -> dict:
     if cfg.get("resume", False):
         log.info("hfl: resuming the run in %s after global round %d of %d", console.shown_path(run_dir),
                  start.round if start is not None else 0, rounds, extra={console.SHOW: "run"})
-    cfg["runtime"]["state_dir"] = str(run_dir / "state")
+    # <run dir>/state or the run's folder under runtime.state_dir; absolute, as Ray workers have cwds of their own
+    state = state_dir(cfg, run_dir).resolve()
+    warning = cluster_state_warning(cfg["runtime"], state)
+    if warning:
+        log.warning("hfl: %s", warning)
+    cfg["runtime"]["state_dir"] = str(state)
     log.info("hfl: %s on %s/%s, a tree of depth %d with %d level-1 nodes and %d devices, %d global rounds -> %s",
              cfg["algorithm"]["name"], cfg["dataset"]["name"], cfg["model"]["name"], fed.tree.depth, len(fed.teams),
              len(fed.devices), cfg["global_rounds"], console.shown_path(run_dir), extra={console.SHOW: "run"})
-    (run_dir / "state").mkdir(parents=True, exist_ok=True)
+    state.mkdir(parents=True, exist_ok=True)
     (run_inprocess if cfg["runtime"]["name"] == "inprocess" else run_simulation)(cfg, run_dir, start)
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}

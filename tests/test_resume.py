@@ -258,3 +258,57 @@ def test_hfl_simulate_on_ray_killed_and_resumed(tmp_path):
     run(compose_cfg(*overrides), tmp_path / "whole")
     assert_same_run(run_dir, tmp_path / "whole")
     assert (run_dir / CHECKPOINT).exists()
+
+
+# ---------------------------------------------------------------- runtime.state_dir (shared by Ray nodes)
+def _state_dir_set(cfg: dict, state_dir: Path | None) -> dict:
+    """``cfg`` with runtime.state_dir (declared by the simulation runtime; the in-process runtime,
+    used here to run without Ray, reads it alike)."""
+    return {**cfg, "runtime": {**cfg["runtime"], "state_dir": None if state_dir is None else str(state_dir)}}
+
+
+def _stored_at(root: Path) -> dict[str, dict[str, np.ndarray]]:
+    store = StateStore(root)
+    return {p.stem: store.load(p.stem) for p in sorted(root.glob("[!.]*.npz"))}
+
+
+def test_a_run_keeps_its_state_in_a_folder_of_its_own_under_state_dir_and_resumes_from_it(tmp_path, monkeypatch):
+    from hfl.resume import STATE_KEY
+
+    cfg = compose_cfg(*PERMFL, "runtime=inprocess")
+    run(cfg, tmp_path / "whole")
+    shared = tmp_path / "nfs"
+    on_shared = _state_dir_set(cfg, shared)
+    run_dir = tmp_path / "a" / "run"
+    with monkeypatch.context() as patch:
+        _killed_at(patch, "fit", 3)
+        with pytest.raises(Killed):
+            run(on_shared, run_dir)
+    key = (run_dir / STATE_KEY).read_text().strip()
+    assert key.startswith("run-") and (shared / key).is_dir() and not (run_dir / "state").exists()
+    # A second run of the same directory name on the same state_dir keeps to a folder of its own.
+    run(on_shared, tmp_path / "b" / "run")
+    other = (tmp_path / "b" / "run" / STATE_KEY).read_text().strip()
+    assert other != key and sorted(p.name for p in shared.iterdir()) == sorted([key, other])
+    assert rows(tmp_path / "b" / "run") == rows(tmp_path / "whole")
+    # Refused, naming the key, before anything is touched: the state is not in the run
+    # directory, and a state_dir without the run's folder (mounted elsewhere, or lost).
+    for wrong in (None, tmp_path / "elsewhere"):
+        with pytest.raises(ConfigError) as caught:
+            run({**_state_dir_set(cfg, wrong), "resume": True}, run_dir)
+        assert caught.value.key == "runtime.state_dir", wrong
+    assert not (tmp_path / "elsewhere").exists()
+    # Resumed where the shared directory is mounted now: the uninterrupted run's results.
+    moved = tmp_path / "mnt" / "nfs"
+    moved.parent.mkdir()
+    shared.rename(moved)
+    run({**_state_dir_set(cfg, moved), "resume": True}, run_dir)
+    for a, b in zip(global_model(run_dir), global_model(tmp_path / "whole"), strict=True):
+        np.testing.assert_array_equal(a, b)
+    got, want = _stored_at(moved / key), _stored_at(tmp_path / "whole" / "state")
+    assert sorted(got) == sorted(want) and want
+    for name, arrays in want.items():
+        for array, value in arrays.items():
+            np.testing.assert_array_equal(got[name][array], value, err_msg=f"{name}/{array}")
+    assert rows(run_dir) == rows(tmp_path / "whole")
+    assert rows(run_dir, "samples.jsonl") == rows(tmp_path / "whole", "samples.jsonl")
