@@ -208,3 +208,25 @@ def test_batched_run_equals_per_device_run(tmp_path, monkeypatch, name):
                 assert got[key] == pytest.approx(value, rel=1e-3), key
             elif key.startswith(("failures", "device_failures", "bytes_")):
                 assert got[key] == value, key
+
+
+# ---------------------------------------------------------------- the GPU path (skipped without one)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible to torch")
+@pytest.mark.parametrize("name", ["permfl", "ditto"])
+def test_batched_on_the_gpu_equals_the_cpu(tmp_path, name):
+    runs = {}
+    for device in ("cpu", "cuda"):
+        runs[device] = tmp_path / device
+        run(compose_cfg(*SMALL, f"algorithm={name}", "runtime=inprocess", "runtime.batched=on",
+                        f"runtime.device={device}"), runs[device])
+    with np.load(runs["cuda"] / "checkpoints" / "global_model.npz") as a, \
+            np.load(runs["cpu"] / "checkpoints" / "global_model.npz") as b:
+        for key in b.files:
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=1e-5, err_msg=key)
+
+
+def test_runtime_device_cuda_is_refused_without_a_gpu(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ConfigError, match="runtime.device"):
+        run(compose_cfg(*SMALL, "runtime=inprocess", "runtime.device=cuda"), tmp_path)

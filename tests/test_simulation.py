@@ -13,6 +13,7 @@ from hfl.models import build_model
 from hfl.node import build_team_node, federation_for, initial_model
 from hfl.seed import derive_seed
 from hfl.simulate import run
+from hfl.device import stored_device_states
 from hfl.store import StateStore
 from hfl.training import (
     BatchSampler,
@@ -93,9 +94,9 @@ def test_ray_simulation_equals_direct_computation(ray_run):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     # Personalized models persisted on the team nodes across global rounds: the direct loop
     # keeps each device's sampler running, so a reset between rounds would not match.
-    store = StateStore(run_dir / "state")
+    states = stored_device_states(StateStore(run_dir / "state"))
     for device_id, want in personal_direct.items():
-        state = store.load(f"device-{device_id}")
+        state = states[device_id]
         for i, arr in enumerate(want):
             np.testing.assert_allclose(state[f"personal_{i}"], arr, rtol=1e-5, atol=1e-6)
 
@@ -141,6 +142,7 @@ def _kill_device(node, device_id: int) -> None:
         raise ConnectionError(f"device {device_id} is gone")
 
     numpy_client.fit = dead
+    numpy_client.fit_plan = dead  # the batched path (hfl.batched) asks for a plan instead
 
 
 def test_dead_device_is_counted_and_the_team_round_goes_on(small_cfg, tmp_path):

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from hfl.device import stored_device_states
+from hfl.store import StateStore
+
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "models.npz"
 
@@ -58,8 +61,9 @@ def final_models(run_dir: Path) -> dict[str, list[np.ndarray]]:
     for path in sorted((run_dir / "state").glob("node-*.npz")):  # level-1 nodes: node-0, node-1, ...
         if path.stem[len("node-"):].isdigit():
             out[f"team{path.stem[len('node-'):]}"] = _arrays(path, "w_")
-    for path in sorted((run_dir / "state").glob("device-*.npz")):
-        out[f"device{path.stem.split('-')[1]}"] = _arrays(path, "personal_")
+    for device_id, state in sorted(stored_device_states(StateStore(run_dir / "state")).items()):
+        count = int(state["num_personal"])
+        out[f"device{device_id}"] = [state[f"personal_{i}"] for i in range(count)]
     return {name: arrays for name, arrays in out.items() if arrays}  # devices without a personal model
 
 
