@@ -178,6 +178,10 @@ def run_fit_rounds(
     return parameters, report
 
 
+# Evaluates every child of a manager (evaluate_children, or hfl.batched.BatchedEvaluate).
+EvaluateMany = Callable[[SimpleClientManager, Parameters, dict], tuple[list[tuple[str, EvaluateRes]], int]]
+
+
 def evaluate_children(
     manager: SimpleClientManager, parameters: Parameters, config: dict
 ) -> tuple[list[tuple[str, EvaluateRes]], int]:

@@ -14,13 +14,14 @@ import numpy as np
 import torch
 from flwr.common import NDArrays
 
-from hfl.batched import BatchedFit, resolve_device
+from clients.base import DeviceClient
+from hfl.batched import BatchedEvaluate, BatchedFit, resolve_device
 from hfl.config import batched_setting, load_module
 from hfl.data import DeviceData, Federation, build_federation
 from hfl.device import DEVICES_PREFIX, DeviceRuntime, load_devices, save_devices
 from hfl.errors import ConfigError
 from hfl.faults import dropout_fractions
-from hfl.inprocess import InProcessClientProxy, client_manager_of, fit_one_by_one
+from hfl.inprocess import InProcessClientProxy, client_manager_of, evaluate_children, fit_one_by_one
 from hfl.models import build_model
 from hfl.payload import Payload
 from hfl.seed import derive_seed
@@ -201,7 +202,11 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
         clients = {f"{d.device_id:06d}": client_module.make_client(d) for d in devices}
         proxies = [InProcessClientProxy(cid, client.to_client()) for cid, client in clients.items()]
         if uses_batched(cfg, trainer):
-            fit_many = BatchedFit(clients, {p.cid: p for p in proxies}, resolve_device(cfg["runtime"].get("device")))
+            by_cid, device = {p.cid: p for p in proxies}, resolve_device(cfg["runtime"].get("device"))
+            fit_many = BatchedFit(clients, by_cid, device)
+            # Clients that test the plain way (model_to_test on their test split) are tested together.
+            plain = {cid: c for cid, c in clients.items() if type(c).evaluate is DeviceClient.evaluate}
+            evaluate_many = BatchedEvaluate(plain, by_cid, device)
 
         def persist() -> None:
             save_devices(store, devices_key(path), devices)
@@ -214,7 +219,7 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
             pass
 
     if not tree.is_lowest(path) or not uses_batched(cfg, trainer):
-        fit_many = fit_one_by_one
+        fit_many, evaluate_many = fit_one_by_one, evaluate_children
     if hasattr(strategy_module, "build_node_strategy"):
         def make_strategy(payload, state):  # noqa: ANN001, ANN202
             return strategy_module.build_node_strategy(alg, NodeContext(cfg, path, tree.depth, payload, state, fed))
@@ -233,7 +238,7 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
                       persist=persist, holds=holds, pm_base=alg.get("pm_base"),
                       level_models=bool(alg.get("level_models", True)),
                       evaluation_context=getattr(strategy_module, "evaluation_context", None),
-                      fit_many=fit_many)
+                      fit_many=fit_many, evaluate_many=evaluate_many)
 
 
 def build_team_node(cfg: Mapping, team_id: int, state_dir: str | Path) -> NodeClient:

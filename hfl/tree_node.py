@@ -22,7 +22,7 @@ from flwr.server.strategy import Strategy
 
 from hfl.evaluation import DeviceScore, add_reports, evaluation_result, target_report
 from hfl.faults import drop
-from hfl.inprocess import FitMany, evaluate_children, fit_one_by_one, run_fit_rounds
+from hfl.inprocess import EvaluateMany, FitMany, evaluate_children, fit_one_by_one, run_fit_rounds
 from hfl.payload import Payload, pack, unpack
 from hfl.sampling import parse_devices, sample_children
 from hfl.store import StateStore
@@ -116,6 +116,7 @@ class NodeClient(NumPyClient):
         level_models: bool = True,
         evaluation_context: Callable[[dict[str, np.ndarray] | None], dict[str, NDArrays]] | None = None,
         fit_many: FitMany = fit_one_by_one,
+        evaluate_many: EvaluateMany = evaluate_children,
     ) -> None:
         self.spec = spec
         self.children = children
@@ -129,6 +130,7 @@ class NodeClient(NumPyClient):
         self.level_models = level_models  # false: the servers' models are no predictors (gradient servers)
         self.evaluation_context = evaluation_context  # stored node state -> ctx_* parts it adds for its devices' PM
         self.fit_many = fit_many  # how a round's children are called (a lowest node's devices may be batched)
+        self.evaluate_many = evaluate_many  # likewise for evaluation (hfl.batched.BatchedEvaluate)
 
     def _asked_children(self, children: list, config: dict[str, Scalar], round_path: str, server_round: int) -> list:
         """The children a round asks: those holding a device the root drew (sampling=devices),
@@ -257,8 +259,8 @@ class NodeClient(NumPyClient):
         report: dict[str, Scalar] = {}
         for target, arrays in targets.items():
             sent = ndarrays_to_parameters(arrays)
-            replies, moved = evaluate_children(self.children, sent,
-                                               {"model": DEVICE_MODEL.get(target, "team"), **config.get(target, {})})
+            replies, moved = self.evaluate_many(self.children, sent,
+                                                {"model": DEVICE_MODEL.get(target, "team"), **config.get(target, {})})
             metrics[f"bytes_down_level{self.spec.level}"] += moved
             rows = [DeviceScore(int(r.metrics["device_id"]), int(r.metrics["correct"]), r.num_examples, r.loss)
                     for _, r in replies]

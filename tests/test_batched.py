@@ -22,6 +22,7 @@ from hfl.batched import (
     Phase,
     batched_loss_and_grad,
     draw_batches,
+    evaluate_models,
     run_plan,
     run_plans,
     take_batches,
@@ -97,6 +98,24 @@ def test_stacked_gradients_equal_each_devices_own(model):
         w_d, y_d = torch.stack([params[1][0]]), y[1, :3]
         assert torch.allclose(mclr_loss_and_grad([w_d[0], params[1][1]], x[1, :3], y_d)[0],
                               -F.log_softmax(x[1, :3] @ w_d[0].t() + params[1][1], 1).gather(1, y_d[:, None]).mean())
+
+
+# ---------------------------------------------------------------- evaluation
+@pytest.mark.parametrize("model", [MCLR((6,), 3), DNN((6,), 3, hidden=5)], ids=["mclr", "dnn-vmap"])
+@pytest.mark.parametrize("shared", [True, False], ids=["one-model", "own-models"])
+def test_batched_evaluation_equals_each_devices_own(model, shared):
+    torch.manual_seed(1)
+    trainer = LocalTrainer(model)
+    sizes = [7, 0, 31, 2, 12]  # an empty test split too
+    xs = [torch.randn(n, 6) for n in sizes]
+    ys = [torch.randint(0, 3, (n,)) for n in sizes]
+    base = trainer.initial_params()
+    models = [base if shared else [p + 0.3 * torch.randn_like(p) for p in base] for _ in sizes]
+    got = evaluate_models(trainer, models, xs, ys, torch.device("cpu"), max_elements=40 * 6)  # several chunks
+    for (loss, correct, n), m, x, y in zip(got, models, xs, ys, strict=True):
+        want_loss, want_correct, want_n = trainer.evaluate(m, x, y)
+        assert (correct, n) == (want_correct, want_n)
+        assert loss == pytest.approx(want_loss, rel=1e-5, abs=1e-5)
 
 
 # ---------------------------------------------------------------- plans
