@@ -17,9 +17,11 @@ node asked at once:
 - per-device learning rates, prox coefficients and anchors are tensors, so nothing assumes the
   devices received the same config.
 
-Results equal the per-device path within float tolerance (tests/test_batched.py), not bitwise:
-sums run in a different order. With ``runtime.device=cuda`` the data, the stacked models and all
-steps of a phase live on the GPU; the models come back to the host once, at the end of the plan.
+Evaluation is batched likewise (hfl.batched_eval). Results equal the per-device path within
+float tolerance (tests/test_batched.py), not bitwise: sums run in a different order. With
+``runtime.device=cuda`` the data, the stacked models and all steps of a phase live on the GPU
+(the minibatch indices of every step are drawn first and sent once); the models come back to
+the host once per phase.
 """
 
 from __future__ import annotations
@@ -32,17 +34,13 @@ import torch
 import torch.nn.functional as F
 from flwr.common import (
     Code,
-    EvaluateIns,
-    EvaluateRes,
     FitIns,
     FitRes,
     NDArrays,
-    Parameters,
     Scalar,
     Status,
     parameters_to_ndarrays,
 )
-from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from torch.func import functional_call, grad_and_value, vmap
 
@@ -329,103 +327,3 @@ def fit_res(reply: FitReply) -> FitRes:
     """A device's (arrays, num_examples, metrics) as the FitRes Flower's NumPyClient would make."""
     arrays, num_examples, metrics = reply
     return FitRes(Status(Code.OK, "Success"), LocalParameters(arrays), int(num_examples), dict(metrics))
-
-
-# ------------------------------------------------------------------ evaluation, batched
-def batched_log_probs(trainer: LocalTrainer) -> Callable[[Params, torch.Tensor], torch.Tensor]:
-    """Stacked models ``[D, ...]`` on inputs ``[D, N, ...]`` -> log-probabilities ``[D, N, C]``."""
-    if type(trainer.model) is MCLR:
-        def mclr(params: Params, x: torch.Tensor) -> torch.Tensor:
-            weight, bias = params
-            logits = torch.baddbmm(bias.unsqueeze(2), weight, x.flatten(2).transpose(1, 2))  # [D, C, N]: faster
-            return torch.log_softmax(logits, dim=1).transpose(1, 2).contiguous()
-        return mclr
-    names, model = trainer.names, trainer.model
-    return vmap(lambda p, x: functional_call(model, dict(zip(names, p, strict=True)), (x,)))
-
-
-def _scores(lp: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample NLL and correctness from log-probabilities ``[D, N, C]`` and labels ``[D, N]``."""
-    return -lp.gather(2, y.unsqueeze(2)).squeeze(2), lp.argmax(2) == y
-
-
-@torch.no_grad()
-def evaluate_models(trainer: LocalTrainer, models: Sequence[Params], xs: Sequence[torch.Tensor],
-                    ys: Sequence[torch.Tensor], device: torch.device,
-                    max_elements: int = 2**23) -> list[tuple[float, int, int]]:
-    """Each model on its own test set, many at once: per model the summed NLL, the number correct
-    and the number of samples, as ``LocalTrainer.evaluate`` gives them. One model for all (a
-    server's model sent to every device): one pass over the concatenated test sets, summed per
-    device. Distinct models: devices sorted by test size and stacked in chunks, each padded to its
-    longest set (sorting keeps the padding small), the padding masked."""
-    log_probs = batched_log_probs(trainer)
-    sizes = [len(y) for y in ys]
-    row = max((x[0].numel() for x in xs if len(x)), default=1)
-    if all(all(torch.equal(a, b) for a, b in zip(m, models[0], strict=True)) for m in models[1:]):
-        x, y = torch.cat(list(xs)).to(device), torch.cat(list(ys)).to(device)
-        owner = torch.repeat_interleave(torch.arange(len(models), device=device), torch.tensor(sizes, device=device))
-        loss = torch.zeros(len(models), dtype=torch.float64, device=device)
-        correct = torch.zeros(len(models), dtype=torch.int64, device=device)
-        model = stack([models[0]], device)
-        step = max(1, max_elements // row)
-        for a in range(0, len(y), step):
-            nll, hit = _scores(log_probs(model, x[a:a + step].unsqueeze(0)), y[a:a + step].unsqueeze(0))
-            loss.index_add_(0, owner[a:a + step], nll[0].double())
-            correct.index_add_(0, owner[a:a + step], hit[0].long())
-        return [(float(loss_i), int(c), n) for loss_i, c, n in zip(loss.cpu(), correct.cpu(), sizes, strict=True)]
-    out: dict[int, tuple[float, int, int]] = {}
-    order = sorted(range(len(models)), key=lambda m: sizes[m])
-    start = 0
-    while start < len(order):
-        end = start + 1  # sizes ascend: the chunk's last set is its longest
-        while end < len(order) and (end - start + 1) * max(sizes[order[end]], 1) * row <= max_elements:
-            end += 1
-        chunk = order[start:end]
-        longest = max(sizes[chunk[-1]], 1)
-        x = torch.zeros(len(chunk), longest, *xs[chunk[0]].shape[1:], device=device)
-        y = torch.zeros(len(chunk), longest, dtype=torch.int64, device=device)
-        mask = torch.zeros(len(chunk), longest, dtype=torch.bool, device=device)
-        for i, m in enumerate(chunk):
-            x[i, :sizes[m]], y[i, :sizes[m]], mask[i, :sizes[m]] = xs[m].to(device), ys[m].to(device), True
-        nll, hit = _scores(log_probs(stack([models[m] for m in chunk], device), x), y)
-        loss = torch.where(mask, nll, torch.zeros_like(nll)).sum(1).cpu().tolist()
-        correct = (hit & mask).sum(1).cpu().tolist()
-        for i, m in enumerate(chunk):
-            out[m] = (float(loss[i]), int(correct[i]), sizes[m])
-        start = end
-    return [out[m] for m in range(len(models))]
-
-
-class BatchedEvaluate:
-    """What a lowest node calls instead of ``hfl.inprocess.evaluate_children``: every device whose
-    client evaluates the plain way (``model_to_test`` on its test split; ``clients``) is tested in
-    one batched computation, any other child as usual. Same replies, same bytes counted."""
-
-    def __init__(self, clients: dict[str, DeviceClientLike], proxies: dict[str, ClientProxy],
-                 device: torch.device) -> None:
-        self.clients, self.proxies, self.device = clients, proxies, device
-
-    def __call__(self, manager: SimpleClientManager, parameters: Parameters,
-                 config: dict) -> tuple[list[tuple[str, EvaluateRes]], int]:
-        children = sorted(manager.all().values(), key=lambda p: p.cid)
-        decoded = parameters_to_ndarrays(parameters)
-        replies: dict[str, EvaluateRes] = {}
-        batch: list[tuple[str, DeviceRuntime, Params]] = []
-        for proxy in children:
-            client = self.clients.get(proxy.cid)
-            if client is None or self.proxies.get(proxy.cid) is not proxy:
-                res = proxy.evaluate(EvaluateIns(parameters, dict(config)), timeout=None, group_id=None)
-                if res.status.code != Code.OK:
-                    raise RuntimeError(f"child {proxy.cid} failed to evaluate: {res.status.message}")
-                replies[proxy.cid] = res
-                continue
-            batch.append((proxy.cid, client.device, client.model_to_test(decoded, dict(config))))
-        if batch:
-            trainer = batch[0][1].trainer
-            scores = evaluate_models(trainer, [m for _, _, m in batch], [d.x_test for _, d, _ in batch],
-                                     [d.y_test for _, d, _ in batch], self.device)
-            for (cid, dev, _), (loss_sum, correct, n) in zip(batch, scores, strict=True):
-                replies[cid] = EvaluateRes(Status(Code.OK, "Success"), loss_sum / n, n,
-                                           {"device_id": dev.device_id, "correct": correct})
-        sent = len(children) * sum(len(t) for t in parameters.tensors)
-        return [(p.cid, replies[p.cid]) for p in children], sent

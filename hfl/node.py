@@ -15,7 +15,8 @@ import torch
 from flwr.common import NDArrays
 
 from clients.base import DeviceClient
-from hfl.batched import BatchedEvaluate, BatchedFit, resolve_device
+from hfl.batched import BatchedFit, resolve_device
+from hfl.batched_eval import BatchedEvaluate
 from hfl.config import batched_setting, load_module
 from hfl.data import DeviceData, Federation, build_federation
 from hfl.device import DEVICES_PREFIX, DeviceRuntime, load_devices, save_devices

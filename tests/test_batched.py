@@ -22,11 +22,11 @@ from hfl.batched import (
     Phase,
     batched_loss_and_grad,
     draw_batches,
-    evaluate_models,
     run_plan,
     run_plans,
     take_batches,
 )
+from hfl.batched_eval import evaluate_models
 from hfl.config import load_module
 from hfl.device import DeviceRuntime, pack_states, unpack_states
 from hfl.errors import ConfigError
