@@ -6,6 +6,11 @@ validation loss of the additive model with the level model it received, then tra
 level for ``local_epochs`` epochs (minibatch SGD, no momentum, as the authors' code) on
 CE(mean of the level outputs) + prox * ||theta - theta_received||^2. Its PM is the mean of its
 kept levels' outputs and its current group's model (sent with the evaluation, ``ctx_*`` parts).
+
+BatchNorm (ResNet-9): as in the authors' code, the frozen levels run in eval mode (their running
+statistics, never updated); the trained level runs in train mode, its running statistics updated
+by each forward pass and sent with its parameters (hfl.training.LocalTrainer's tensor list); the
+prox term and the SGD step apply to its parameters only. Validation and the PM use eval mode.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ import math
 import numpy as np
 import torch
 from flwr.common import NDArrays, Scalar
-from torch.func import functional_call
 
 from clients.base import DeviceClient
 from hfl.device import DeviceRuntime
@@ -49,8 +53,8 @@ class FemamClient(DeviceClient):
 
     # ------------------------------------------------------------ the additive model
     def outputs(self, params: Params, x: torch.Tensor) -> torch.Tensor:
-        trainer = self.device.trainer
-        return functional_call(trainer.model, dict(zip(trainer.names, params, strict=True)), (x,))
+        """A level's outputs with BatchNorm in eval mode (frozen levels, validation, the PM)."""
+        return self.device.trainer.outputs(params, x)
 
     @torch.no_grad()
     def frozen_sum(self, models: list[Params], x: torch.Tensor) -> torch.Tensor | None:
@@ -95,17 +99,22 @@ class FemamClient(DeviceClient):
         steps = epochs * math.ceil(len(dev.y_train) / dev.sampler.batch_size) if epochs else int(config["local_steps"])
         lr, prox, count = float(config["alpha"]), float(config["prox"]), len(frozen) + 1
         fixed = self.frozen_sum(frozen, dev.x_train)  # frozen levels do not move: their outputs once per round
-        anchor = [p.detach() for p in start]
+        trainer = dev.trainer
+        is_buffer = trainer.buffer_mask
+        anchor = [p.detach() for p, b in zip(start, is_buffer, strict=True) if not b]
         params = [p.clone() for p in start]
         total = 0.0
         for _ in range(steps):
             idx = dev.sampler.next()
-            leaves = [p.detach().requires_grad_(True) for p in params]
+            leaves = [p if b else p.detach().requires_grad_(True) for p, b in zip(params, is_buffer, strict=True)]
+            trainable = [p for p, b in zip(leaves, is_buffer, strict=True) if not b]
             x, y = dev.x_train.index_select(0, idx), dev.y_train.index_select(0, idx)
-            loss = additive_loss(None if fixed is None else fixed.index_select(0, idx), self.outputs(leaves, x),
-                                 count, y, leaves, anchor, prox)
-            grads = torch.autograd.grad(loss, leaves)
-            params = [p.detach() - lr * g for p, g in zip(leaves, grads, strict=True)]
+            out, buffers = trainer.train_outputs(leaves, x)  # BatchNorm on batch statistics
+            loss = additive_loss(None if fixed is None else fixed.index_select(0, idx), out,
+                                 count, y, trainable, anchor, prox)
+            grads = iter(torch.autograd.grad(loss, trainable))
+            stepped = [p if b else p.detach() - lr * next(grads) for p, b in zip(leaves, is_buffer, strict=True)]
+            params = trainer.with_buffers(stepped, buffers)  # the running statistics BatchNorm computed
             total += float(loss.detach())
         return params, total / max(steps, 1)
 

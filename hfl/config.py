@@ -234,3 +234,24 @@ def check_state_dir(runtime: Mapping) -> None:
         raise ConfigError("runtime.state_dir", f"{value}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError("runtime.state_dir", f"{value}: {existing} is not writable here")
+
+
+# Device clients that step models outside hfl.training.run_local_steps: BatchNorm's running
+# statistics (a model's buffers, hfl.training.LocalTrainer) would not follow their training.
+BUFFERLESS_CLIENTS = {
+    "clients.perfedavg": "takes its own meta-gradient steps",
+    "clients.pfedme": "takes its own inner gradient steps",
+    "clients.pfedbayes": "treats every tensor as a Gaussian weight",
+    "clients.pflego": "sends the body's gradient, and running statistics have none",
+}
+
+
+def check_model_buffers(cfg: Mapping, has_buffers: bool) -> None:
+    """Refuse, naming ``model.name``, a model with buffers (``LocalTrainer(model).has_buffers``)
+    under an algorithm that cannot carry them. To be called before training."""
+    alg = cfg["algorithm"]
+    client = str(alg.get("client"))
+    if has_buffers and client in BUFFERLESS_CLIENTS:
+        raise ConfigError("model.name", f"{cfg['model'].get('name')!r} keeps BatchNorm running statistics, which "
+                                        f"algorithm {alg.get('name')!r} cannot carry (its device "
+                                        f"{BUFFERLESS_CLIENTS[client]}); use a model without BatchNorm")

@@ -3,11 +3,13 @@
 The hot loop avoids nn.Module/optimizer/DataLoader overhead (measured 2.5x slower for the
 MCLR reference, see ../shared/notes/flower-and-environment.md): parameters are plain
 tensors, gradients come from a closed form where the model has one, else from autograd
-through ``torch.func.functional_call``.
+through ``torch.func.functional_call``. A model's BatchNorm running statistics are plain
+tensors of the same list (``LocalTrainer.buffer_mask``), updated by training forward passes.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -69,23 +71,71 @@ class BatchSampler:
 
 
 class LocalTrainer:
-    """Loss, gradient and evaluation of one model architecture over explicit parameters."""
+    """Loss, gradient and evaluation of one model architecture over explicit tensors.
+
+    The tensors (what ``initial_params`` returns, devices send and servers average) are the
+    model's ``state_dict()`` entries in its order: every parameter and every floating-point
+    buffer, i.e. BatchNorm's ``running_mean`` and ``running_var`` next to its weight and bias.
+    Averaging these lists is therefore averaging state_dicts (what the FeMAM authors' FedAvg
+    does). For a model without buffers the list is ``model.parameters()``, as before.
+    ``buffer_mask`` marks the buffers: they get no gradient; in a training step BatchNorm uses
+    batch statistics and its forward pass updates the running ones (PyTorch's momentum rule),
+    and ``run_local_steps`` writes them over whatever the update rule made of those entries.
+    Evaluation uses the running statistics and changes nothing.
+
+    BatchNorm's integer ``num_batches_tracked`` is dropped: it is read only when momentum is
+    None (a cumulative average, refused here), so it changes no output, and a mean of counters
+    means nothing.
+    """
 
     def __init__(self, model: nn.Module) -> None:
-        if any(True for _ in model.buffers()):
-            # Buffers (BatchNorm running statistics) would live in the one module every device
-            # shares, updated in place and never sent, averaged or saved: refuse, do not train wrong.
-            raise ConfigError("model.name", f"{type(model).__name__} keeps buffers (BatchNorm running statistics), "
-                                            "which hfl's functional trainer does not carry yet; it can be built "
-                                            "and inspected but not trained")
         self.model = model
-        self.names = [name for name, _ in model.named_parameters()]
+        self.names, self.buffer_mask, self.dropped = state_layout(model)
+        self.has_buffers = any(self.buffer_mask)
         self.fast_gradient = FAST_GRADIENTS.get(type(model))
+        # BatchNorm's mode lives in the module: a copy in eval mode serves evaluation, so the
+        # training module never switches modes (and stays safe to share between devices).
+        self.eval_model = copy.deepcopy(model).eval() if self.has_buffers else model
+        if self.has_buffers:
+            model.train()
 
     def initial_params(self) -> Params:
-        return [p.detach().clone() for p in self.model.parameters()]
+        state = self.model.state_dict(keep_vars=True)
+        return [state[name].detach().clone() for name in self.names]
 
+    # ------------------------------------------------------------ forward passes
+    def outputs(self, params: Params, x: torch.Tensor) -> torch.Tensor:
+        """The model's outputs at ``params``; BatchNorm normalises with the running statistics."""
+        return functional_call(self.eval_model, dict(zip(self.names, params, strict=True)), (x,))
+
+    def train_outputs(self, params: Params, x: torch.Tensor) -> tuple[torch.Tensor, Params]:
+        """The outputs of a training step (BatchNorm on the batch's statistics) and the buffers'
+        new values (the running statistics after this batch), in ``buffer_mask`` order.
+        ``params`` is not modified: BatchNorm updates copies of its buffers in place."""
+        state = dict(zip(self.names, params, strict=True))
+        buffers = [name for name, is_buffer in zip(self.names, self.buffer_mask, strict=True) if is_buffer]
+        state.update({name: state[name].clone() for name in buffers})
+        # throwaway counters: the shared module's own must not count every device's batches
+        state.update({name: torch.zeros((), dtype=torch.long) for name in self.dropped})
+        out = functional_call(self.model, state, (x,))
+        return out, [state[name] for name in buffers]
+
+    def with_buffers(self, params: Params, buffers: Params) -> Params:
+        """``params`` with its buffer entries replaced by ``buffers`` (in ``buffer_mask`` order)."""
+        new = iter(buffers)
+        out = [next(new) if is_buffer else p for p, is_buffer in zip(params, self.buffer_mask, strict=True)]
+        if next(new, None) is not None:
+            raise ValueError("more buffers than the model has")
+        return out
+
+    # ------------------------------------------------------------ training
     def loss_and_grad(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, Params]:
+        if self.has_buffers:
+            # A caller stepping the model itself would leave BatchNorm's statistics where they
+            # started (and evaluate with them): refuse rather than train wrong.
+            raise ConfigError("model.name", f"{type(self.model).__name__} keeps BatchNorm running statistics, "
+                                            "which only hfl.training.run_local_steps (and FeMAM's device) update; "
+                                            "this algorithm steps models by itself: use a model without BatchNorm")
         if self.fast_gradient is not None:
             return self.fast_gradient(params, x, y)
         leaves = [p.detach().requires_grad_(True) for p in params]
@@ -93,17 +143,53 @@ class LocalTrainer:
         loss = F.nll_loss(out, y)
         return loss.detach(), list(torch.autograd.grad(loss, leaves))
 
+    def loss_grad_and_buffers(
+        self, params: Params, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, Params, Params]:
+        """Mean NLL of a training step, its gradient (zeros at buffer entries: they are not
+        parameters) and the buffers' new values (``train_outputs``)."""
+        leaves = [p if is_buffer else p.detach().requires_grad_(True)
+                  for p, is_buffer in zip(params, self.buffer_mask, strict=True)]
+        out, buffers = self.train_outputs(leaves, x)
+        loss = F.nll_loss(out, y)
+        trainable = [p for p, is_buffer in zip(leaves, self.buffer_mask, strict=True) if not is_buffer]
+        grads = iter(torch.autograd.grad(loss, trainable))
+        full = [torch.zeros_like(p) if is_buffer else next(grads)
+                for p, is_buffer in zip(params, self.buffer_mask, strict=True)]
+        return loss.detach(), full, buffers
+
     @torch.no_grad()
     def evaluate(self, params: Params, x: torch.Tensor, y: torch.Tensor, chunk: int = 2048) -> tuple[float, int, int]:
-        """Summed NLL loss, number correct and number of samples."""
+        """Summed NLL loss, number correct and number of samples (BatchNorm in eval mode)."""
         loss_sum, correct = 0.0, 0
-        state = dict(zip(self.names, params, strict=True))
         for start in range(0, len(y), chunk):
-            out = functional_call(self.model, state, (x[start : start + chunk],))
+            out = self.outputs(params, x[start : start + chunk])
             target = y[start : start + chunk]
             loss_sum += float(F.nll_loss(out, target, reduction="sum"))
             correct += int((out.argmax(1) == target).sum())
         return loss_sum, correct, len(y)
+
+
+def state_layout(model: nn.Module) -> tuple[list[str], list[bool], list[str]]:
+    """The state_dict entries hfl carries (in state_dict order), which of them are buffers, and
+    the buffers it drops (BatchNorm's ``num_batches_tracked``); refuses what it cannot carry."""
+    parameters = {name for name, _ in model.named_parameters()}
+    names, mask, dropped = [], [], []
+    for name, value in model.state_dict(keep_vars=True).items():
+        if name in parameters or value.is_floating_point():
+            names.append(name)
+            mask.append(name not in parameters)
+        elif name.endswith("num_batches_tracked"):
+            dropped.append(name)
+        else:
+            raise ConfigError("model.name", f"{type(model).__name__} keeps a non-float buffer {name!r} "
+                                            "that hfl cannot carry")
+    for name, module in model.named_modules():
+        batchnorm = isinstance(module, nn.modules.batchnorm._BatchNorm)
+        if batchnorm and module.track_running_stats and module.momentum is None:
+            raise ConfigError("model.name", f"{type(model).__name__}.{name} is a BatchNorm with momentum=None "
+                                            "(a cumulative average over num_batches_tracked, which hfl does not carry)")
+    return names, mask, dropped
 
 
 def run_local_steps(
@@ -115,12 +201,22 @@ def run_local_steps(
     steps: int,
     update: Callable[[Params, Params], Params],
 ) -> tuple[Params, float]:
-    """``steps`` minibatch updates ``params <- update(params, grad)``; returns params and mean loss."""
+    """``steps`` minibatch updates ``params <- update(params, grad)``; returns params and mean loss.
+
+    With buffers (``trainer.buffer_mask``), each step's buffer entries are then set to the
+    running statistics BatchNorm computed in that step, whatever ``update`` made of them (a
+    prox term or a mix would otherwise move them as if they were parameters)."""
     params = [p.clone() for p in start]
+    stateful = any(getattr(trainer, "buffer_mask", ()))  # test stubs carry no mask
     total = 0.0
     for _ in range(steps):
         idx = sampler.next()
-        loss, grads = trainer.loss_and_grad(params, x.index_select(0, idx), y.index_select(0, idx))
-        params = update(params, grads)
+        xb, yb = x.index_select(0, idx), y.index_select(0, idx)
+        if stateful:
+            loss, grads, buffers = trainer.loss_grad_and_buffers(params, xb, yb)
+            params = trainer.with_buffers(update(params, grads), buffers)
+        else:
+            loss, grads = trainer.loss_and_grad(params, xb, yb)
+            params = update(params, grads)
         total += float(loss)
     return params, total / max(steps, 1)

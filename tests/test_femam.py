@@ -208,11 +208,3 @@ def test_fesem_groups_clients_and_has_no_global_model(tmp_path):
 def test_bad_femam_configs_are_refused(tmp_path, override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         run(compose_cfg(*BASE, "topology.fanout=[3,4]", override), tmp_path)
-
-
-def test_models_with_batchnorm_buffers_are_refused_for_training():
-    """ResNet-9's running statistics would be shared by every device and never averaged: refused."""
-    from hfl.models import build_model
-
-    with pytest.raises(ConfigError, match=r"model\.name"):
-        LocalTrainer(build_model({"name": "resnet9"}, (3, 32, 32), 10))

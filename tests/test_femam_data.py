@@ -382,8 +382,8 @@ def test_resnet9_shape_log_softmax_and_parameter_count():
     loss = torch.nn.functional.nll_loss(mnist(torch.randn(4, 1, 28, 28)), torch.tensor([0, 1, 2, 3]))
     loss.backward()
     assert torch.isfinite(loss) and all(p.grad is not None for p in mnist.parameters())
-    with pytest.raises(ConfigError, match=r"model\.name"):  # BatchNorm statistics: not trainable in hfl yet
-        LocalTrainer(mnist)
+    # trainable: its 24 BatchNorm running statistics travel with the parameters (tests/test_batchnorm.py)
+    assert sum(LocalTrainer(mnist).buffer_mask) == 24
 
 
 def test_resnet9_refuses_non_image_inputs():

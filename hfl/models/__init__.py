@@ -152,7 +152,8 @@ class ResNet9(BodyHead):
     (widths 8/16/32/64, strides 1/2/2/2), global average pooling (their avg-pool(4) on 32x32
     inputs; adaptive, so 28x28 works too), then the linear head 64 -> classes (83,852
     parameters on 3x32x32 inputs with 100 classes). Has BatchNorm: its running statistics are
-    buffers, not parameters."""
+    buffers, not parameters; hfl.training.LocalTrainer carries them beside the parameters (sent
+    and averaged like a state_dict, never stepped by gradients)."""
 
     WIDTHS = (8, 16, 32, 64)
     STRIDES = (1, 2, 2, 2)
