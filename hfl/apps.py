@@ -7,6 +7,7 @@ config from the run config's ``overrides`` string.
 
 from __future__ import annotations
 
+import gc
 import logging
 import shlex
 import tempfile
@@ -84,7 +85,24 @@ def rounds_left(cfg: Mapping, start: Checkpoint | None) -> int:
 def team_client(cfg: Mapping, context: Context) -> Client:
     torch.set_num_threads(int(cfg["runtime"]["torch_threads"]))
     team_id = int(context.node_config["partition-id"])
-    return build_team_node(cfg, team_id, cfg["runtime"]["state_dir"]).to_client()
+    node = build_team_node(cfg, team_id, cfg["runtime"]["state_dir"])
+    freeze_long_lived_objects()
+    return node.to_client()
+
+
+_frozen = False
+
+
+def freeze_long_lived_objects() -> None:
+    """Once per process, after its first node is built: move everything alive (imports, the
+    config, the cached federation: ~300k objects) out of the cyclic garbage collector's sight
+    (``gc.freeze``). Full collections rescan every tracked object; with the thousands of small
+    objects a team round makes they cost ~0.12 s per 700-device team fit, 0 after the freeze."""
+    global _frozen
+    if not _frozen:
+        gc.collect()
+        gc.freeze()
+        _frozen = True
 
 
 def make_server_app(cfg: Mapping, run_dir: str | Path, start: Checkpoint | None = None) -> ServerApp:

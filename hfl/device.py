@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -93,7 +94,7 @@ def unpack_states(packed: dict[str, np.ndarray]) -> dict[int, dict[str, np.ndarr
         for d, i in enumerate(ids):
             if table[d, 0]:
                 shape = tuple(int(s) for s in table[d, 1:])
-                size = int(np.prod(shape, dtype=np.int64))
+                size = math.prod(shape)
                 states[i][name] = data[start:start + size].reshape(shape)
                 start += size
     return states

@@ -18,7 +18,15 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from hfl import console, schema
-from hfl.apps import CONF_DIR, build_global_strategy, make_client_app, make_server_app, rounds_left, run_meta
+from hfl.apps import (
+    CONF_DIR,
+    build_global_strategy,
+    freeze_long_lived_objects,
+    make_client_app,
+    make_server_app,
+    rounds_left,
+    run_meta,
+)
 from hfl.config import check_model_buffers, validate
 from hfl.errors import ConfigError, DatasetNotFoundError
 from hfl.inprocess import InProcessClientProxy, client_manager_of
@@ -46,6 +54,7 @@ def run_inprocess(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None) 
         for t in range(teams)
     ]
     server = Server(client_manager=client_manager_of(proxies), strategy=build_global_strategy(cfg, run_dir, start))
+    freeze_long_lived_objects()
     server.set_max_workers(1)
     server.fit(num_rounds=rounds_left(cfg, start), timeout=None)
 
