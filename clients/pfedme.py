@@ -14,10 +14,10 @@ from typing import Any
 from flwr.common import NDArrays, Scalar
 
 from clients.base import DeviceClient
-from clients.permfl import device_step
+from hfl.batched import FitPlan, Phase
 from hfl.device import DeviceRuntime
-from hfl.personal import check_keys, fit_reply, mix
-from hfl.training import to_tensors
+from hfl.personal import check_keys, fit_reply
+from hfl.training import Params, to_tensors
 
 
 def check_config(alg: Mapping[str, Any]) -> None:
@@ -26,22 +26,19 @@ def check_config(alg: Mapping[str, Any]) -> None:
 
 
 class PFedMeClient(DeviceClient):
-    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+    def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan:
         dev = self.device
         lam, plr, eta = float(config["lam"]), float(config["personal_lr"]), float(config["alpha"])
         w = to_tensors(parameters)
-        theta = [p.clone() for p in w]
-        losses = []
-        for _ in range(int(config["local_steps"])):
-            idx = dev.sampler.next()
-            x, y = dev.x_train.index_select(0, idx), dev.y_train.index_select(0, idx)
-            for _ in range(int(config["inner_steps"])):
-                loss, grad = dev.trainer.loss_and_grad(theta, x, y)
-                theta = device_step(theta, grad, w, plr, lam)  # theta - plr*(grad + lam*(theta - w))
-            losses.append(float(loss))
-            w = mix(w, theta, eta * lam)  # w - eta*lam*(w - theta)
-        dev.personal = theta
-        return fit_reply(dev, w, sum(losses) / max(len(losses), 1))
+        # On each minibatch: K steps theta <- theta - plr*(grad + lam*(theta - w)), then
+        # w <- w - eta*lam*(w - theta) (the phase's pull).
+        phase = Phase(w, int(config["local_steps"]), plr, w, lam, inner_steps=int(config["inner_steps"]), pull=eta * lam)
+
+        def finish(models: list[Params], losses: list[float]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+            dev.personal = models[0]
+            return fit_reply(dev, phase.moved_anchor, losses[0])
+
+        return FitPlan([phase], finish)
 
 
 def make_client(device: DeviceRuntime) -> PFedMeClient:

@@ -26,7 +26,7 @@ the host once per phase.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -62,13 +62,19 @@ class DeviceClientLike(Protocol):  # clients.base.DeviceClient (which imports th
 
 @dataclass
 class Phase:
-    """``steps`` minibatch steps from ``start``; with an ``anchor``, the prox-SGD step toward it."""
+    """``steps`` minibatches from ``start``; on each, ``inner_steps`` steps (the prox-SGD step
+    toward ``anchor`` where there is one). With ``pull``, the anchor then moves toward the model,
+    ``anchor <- (1 - pull) anchor + pull theta`` (pFedMe's local model), and the runner leaves
+    its final value in ``moved_anchor``. The loss of a minibatch is its last inner step's."""
 
     start: Params
     steps: int
     lr: float
     anchor: Params | None = None
     prox: float = 0.0
+    inner_steps: int = 1
+    pull: float | None = None
+    moved_anchor: Params | None = None  # set by the runner when ``pull`` is given
 
 
 @dataclass
@@ -88,12 +94,36 @@ def phase_update(phase: Phase) -> Callable[[Params, Params], Params]:
     return lambda p, g: [t - lr * gr - lr * prox * (t - a) for t, gr, a in zip(p, g, anchor, strict=True)]
 
 
+def run_inner_steps(dev: DeviceRuntime, phase: Phase) -> tuple[Params, float]:
+    """A phase with inner steps or a moving anchor, one device (pFedMe's loop, as it always ran)."""
+    if phase.anchor is None:
+        raise ValueError("a phase with inner steps or a pull needs an anchor")
+    theta, anchor = [p.clone() for p in phase.start], [p.clone() for p in phase.anchor]
+    update_of = lambda a: phase_update(Phase(phase.start, 0, phase.lr, a, phase.prox))  # noqa: E731
+    losses = []
+    for _ in range(phase.steps):
+        idx = dev.sampler.next()
+        x, y = dev.x_train.index_select(0, idx), dev.y_train.index_select(0, idx)
+        update = update_of(anchor)
+        for _ in range(phase.inner_steps):
+            loss, grad = dev.trainer.loss_and_grad(theta, x, y)
+            theta = update(theta, grad)
+        losses.append(float(loss))
+        if phase.pull is not None:
+            anchor = [(1.0 - phase.pull) * a + phase.pull * t for a, t in zip(anchor, theta, strict=True)]
+    phase.moved_anchor = anchor if phase.pull is not None else None
+    return theta, sum(losses) / max(len(losses), 1)
+
+
 def run_plan(dev: DeviceRuntime, plan: FitPlan) -> FitReply:
     """The per-device path: each phase with ``run_local_steps`` on the device's own sampler."""
     models, losses = [], []
     for phase in plan.phases:
-        params, loss = run_local_steps(dev.trainer, phase.start, dev.x_train, dev.y_train, dev.sampler,
-                                       phase.steps, phase_update(phase))
+        if phase.inner_steps == 1 and phase.pull is None:
+            params, loss = run_local_steps(dev.trainer, phase.start, dev.x_train, dev.y_train, dev.sampler,
+                                           phase.steps, phase_update(phase))
+        else:
+            params, loss = run_inner_steps(dev, phase)
         models.append(params)
         losses.append(loss)
     return plan.finish(models, losses)
@@ -181,18 +211,14 @@ def draw_batches(devices: Sequence[DeviceRuntime], offsets: Sequence[int], steps
     if all(isinstance(d, torch.Tensor) and d.shape[1] == batch_size for d in drawn):
         index = torch.stack(drawn, dim=1) + torch.tensor(offsets).view(1, -1, 1)  # [steps, D, B]
         return index, torch.full(index.shape, 1.0 / batch_size)
-    rows = [drawn[d][s] + offsets[d] for s in range(steps) for d in range(len(devices))]  # step-major: [steps * D]
+    rows = [drawn[d][s] for s in range(steps) for d in range(len(devices))]  # step-major: [steps * D]
     lengths = torch.tensor([len(idx) for idx in rows])
-    if bool((lengths == batch_size).all()):
-        index = torch.stack(rows)
-        weight = torch.full(index.shape, 1.0 / batch_size)
-    else:  # short last batches of an epoch: pad with the device's first row, weighted 0
-        index = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=-1)
-        index = torch.nn.functional.pad(index, (0, batch_size - index.shape[1]), value=-1)
-        real = index >= 0
-        firsts = torch.tensor([offsets[i % len(devices)] for i in range(len(rows))]).unsqueeze(1)
-        index = torch.where(real, index, firsts)
-        weight = real.float() / lengths.unsqueeze(1)
+    # Short last batches of an epoch: padded with the device's first row, weighted 0.
+    index = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=-1)
+    index = torch.nn.functional.pad(index, (0, batch_size - index.shape[1]), value=-1)
+    real = index >= 0
+    index = torch.where(real, index, 0) + torch.tensor(offsets).repeat(steps).unsqueeze(1)
+    weight = real.float() / lengths.unsqueeze(1)
     return index.view(steps, len(devices), batch_size), weight.view(steps, len(devices), batch_size)
 
 
@@ -217,29 +243,37 @@ def run_phase(trainer: LocalTrainer, data: DeviceData, devices: Sequence[DeviceR
     index, weight = index.to(dev), weight.to(dev)
     theta = stack([ph.start for ph in phases], dev)
     lr = torch.tensor([ph.lr for ph in phases], device=dev)
-    anchored = [ph.anchor is not None for ph in phases]
-    if any(anchored):
+    anchored = any(ph.anchor is not None for ph in phases)
+    if anchored:
         anchor = stack([ph.anchor if ph.anchor is not None else ph.start for ph in phases], dev)
         lr_prox = torch.tensor([ph.lr * ph.prox if ph.anchor is not None else 0.0 for ph in phases], device=dev)
+    pulled = phases[0].pull is not None  # the same for every phase run together (signature)
+    if pulled:
+        pull = torch.tensor([ph.pull for ph in phases], device=dev)
     total = torch.zeros(len(phases), device=dev)
     for s in range(steps):
         rows = index[s].reshape(-1)
         x = data.x.index_select(0, rows).view(len(phases), batch, *data.x.shape[1:])
         y = data.y.index_select(0, rows).view(len(phases), batch)
-        loss, grads = loss_and_grad(theta, x, y, weight[s])
-        if any(anchored):
-            theta = [t - per(lr, t) * g - per(lr_prox, t) * (t - a) for t, g, a in zip(theta, grads, anchor, strict=True)]
-        else:
-            theta = [t - per(lr, t) * g for t, g in zip(theta, grads, strict=True)]
+        for _ in range(phases[0].inner_steps):
+            loss, grads = loss_and_grad(theta, x, y, weight[s])
+            if anchored:
+                theta = [t - per(lr, t) * g - per(lr_prox, t) * (t - a) for t, g, a in zip(theta, grads, anchor, strict=True)]
+            else:
+                theta = [t - per(lr, t) * g for t, g in zip(theta, grads, strict=True)]
+        if pulled:
+            anchor = [(1.0 - per(pull, a)) * a + per(pull, a) * t for a, t in zip(anchor, theta, strict=True)]
         total += loss.detach()
-    theta = [t.cpu() for t in theta]
-    losses = (total / steps).cpu().tolist()
-    return [[t[i] for t in theta] for i in range(len(phases))], losses
+    if pulled:
+        for ph, moved in zip(phases, zip(*(a.cpu().unbind(0) for a in anchor), strict=True), strict=True):
+            ph.moved_anchor = list(moved)
+    per_device = zip(*(t.cpu().unbind(0) for t in theta), strict=True)  # one op per tensor, not per device
+    return [list(models) for models in per_device], (total / steps).cpu().tolist()
 
 
-def signature(plan: FitPlan) -> tuple[int, ...]:
-    """Plans with the same phase steps run together."""
-    return tuple(ph.steps for ph in plan.phases)
+def signature(plan: FitPlan) -> tuple[tuple[int, int, bool], ...]:
+    """Plans whose phases have the same steps, inner steps and pulls run together."""
+    return tuple((ph.steps, ph.inner_steps, ph.pull is not None) for ph in plan.phases)
 
 
 def run_plans(devices: Sequence[DeviceRuntime], plans: Sequence[FitPlan], data: DeviceData) -> list[FitReply]:
@@ -273,16 +307,20 @@ class BatchedFit:
     are stepped together; any other child (a dropped one, a client without a plan) is called as
     usual. Returns, per call, the FitRes or the exception the device raised."""
 
-    def __init__(self, clients: dict[str, DeviceClientLike], proxies: dict[str, ClientProxy],
+    def __init__(self, clients: Mapping[str, DeviceClientLike], proxies: dict[str, ClientProxy],
                  device: torch.device) -> None:
-        self.clients = clients  # cid -> the NumPyClient behind proxies[cid]
+        # cid -> the NumPyClient behind proxies[cid]; only the called ones are looked up (a node's
+        # mapping may build its devices when asked: hfl.node.NodeDevices)
+        self.clients = clients
         self.proxies = proxies
         self.device = device
         self._data: DeviceData | None = None
 
-    def data(self) -> DeviceData:
-        if self._data is None:  # built at the first fit, kept for the node's later rounds
-            self._data = DeviceData([c.device for c in self.clients.values()], self.device)
+    def data(self, devices: Sequence[DeviceRuntime]) -> DeviceData:
+        """The training data of ``devices``: made at the first fit and kept for the node's later
+        rounds while they ask no device outside it (a sampled round asks others: made again)."""
+        if self._data is None or any(d.device_id not in self._data.offset for d in devices):
+            self._data = DeviceData(devices, self.device)
         return self._data
 
     def __call__(self, calls: Sequence[tuple[ClientProxy, FitIns]]) -> list[FitRes | BaseException]:
@@ -290,8 +328,9 @@ class BatchedFit:
         planned: list[tuple[int, DeviceClientLike, FitPlan]] = []
         decoded: dict[int, NDArrays] = {}  # a strategy sends every device the same Parameters
         for i, (proxy, ins) in enumerate(calls):
-            client = self.clients.get(proxy.cid)
-            if client is None or self.proxies.get(proxy.cid) is not proxy:
+            # The proxy first: a dropped device's client need not be built (hfl.node.NodeDevices).
+            client = self.clients.get(proxy.cid) if self.proxies.get(proxy.cid) is proxy else None
+            if client is None:
                 outcomes[i] = call_fit(proxy, ins)  # e.g. a DroppedProxy: raises like a dead device
                 continue
             try:
@@ -308,7 +347,8 @@ class BatchedFit:
                 planned.append((i, client, plan))
         if planned:
             try:
-                replies = run_plans([c.device for _, c, _ in planned], [p for _, _, p in planned], self.data())
+                devices = [c.device for _, c, _ in planned]
+                replies = run_plans(devices, [p for _, _, p in planned], self.data(devices))
             except Exception as exc:  # noqa: BLE001 - a failed batched step fails every device in it
                 replies = [exc] * len(planned)
             for (i, _, _), reply in zip(planned, replies, strict=True):

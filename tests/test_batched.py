@@ -178,7 +178,7 @@ def test_algorithm_batched_flag_matches_its_client(name):
 
 def test_batched_on_is_refused_for_an_algorithm_without_the_path():
     with pytest.raises(ConfigError, match="runtime.batched"):
-        run(compose_cfg(*SMALL, "algorithm=pfedme", "runtime=inprocess", "runtime.batched=on"), "/tmp/never-created")
+        run(compose_cfg(*SMALL, "algorithm=pfedbayes", "runtime=inprocess", "runtime.batched=on"), "/tmp/never-created")
 
 
 # ---------------------------------------------------------------- whole runs: batched = per-device
