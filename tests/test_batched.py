@@ -249,3 +249,15 @@ def test_runtime_device_cuda_is_refused_without_a_gpu(tmp_path):
         pytest.skip("this machine has a GPU")
     with pytest.raises(ConfigError, match="runtime.device"):
         run(compose_cfg(*SMALL, "runtime=inprocess", "runtime.device=cuda"), tmp_path)
+
+
+def test_auto_batches_where_it_pays():
+    from hfl.batched import batching_pays
+    from hfl.models import MLP
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert batching_pays(MCLR((784,), 10), cpu)  # closed form, even at MNIST's size
+    assert batching_pays(DNN((60,), 10), cpu)  # 1,430 parameters: Python overhead dominates
+    assert not batching_pays(CNN((1, 28, 28), 10), cpu)  # vmap'd convolutions: slower on the CPU
+    assert not batching_pays(MLP((784,), 10), cpu)
+    assert batching_pays(CNN((1, 28, 28), 10), gpu)
