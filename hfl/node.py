@@ -4,7 +4,7 @@ configuration."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -15,11 +15,11 @@ import torch
 from flwr.common import NDArrays
 
 from clients.base import DeviceClient
-from hfl.batched import BatchedFit, resolve_device
+from hfl.batched import BatchedFit, batching_pays, resolve_device
 from hfl.batched_eval import BatchedEvaluate
 from hfl.config import batched_setting, load_module
 from hfl.data import DeviceData, Federation, build_federation
-from hfl.device import DEVICES_PREFIX, DeviceRuntime, load_devices, save_devices
+from hfl.device import DEVICES_PREFIX, DeviceRuntime, has_state, pack_states, unpack_states
 from hfl.errors import ConfigError
 from hfl.faults import dropout_fractions
 from hfl.inprocess import InProcessClientProxy, client_manager_of, evaluate_children, fit_one_by_one
@@ -98,7 +98,7 @@ def devices_key(path: str) -> str:
 def device_runtime(cfg: Mapping, device_id: int, data: DeviceData, trainer: LocalTrainer, store: StateStore | None,
                    classes: list[int] | None = None) -> DeviceRuntime:
     """A device with its data, its seeded minibatch sampler and its saved state (if any; a node
-    passes no store and restores all its devices at once, hfl.device.load_devices)."""
+    passes no store and restores its devices from its one packed file, NodeDevices)."""
     sampler = BatchSampler(len(data.y_train), int(cfg["dataset"]["batch_size"]), derive_seed(cfg["seed"], "batches", device_id))
     device = DeviceRuntime(device_id, data.x_train, data.y_train, data.x_test, data.y_test, trainer, sampler,
                            seed=int(cfg["seed"]), classes=classes, x_val=data.x_val, y_val=data.y_val)
@@ -107,9 +107,87 @@ def device_runtime(cfg: Mapping, device_id: int, data: DeviceData, trainer: Loca
     return device
 
 
+class NodeDevices(Mapping[str, DeviceClient]):
+    """A lowest node's device clients by cid (``"000042"``), each built when it is first asked
+    for — its data, sampler, the state its node stored and its client — and kept until the
+    node's message is done (a node lives for one message: hfl.inprocess, Flower's client_fn).
+    A round that samples k of a node's n devices builds those k; evaluation builds them all.
+    ``in`` never builds one; ``values()``/``items()`` build every device (evaluation only)."""
+
+    def __init__(self, device_ids: list[int], build: Callable[[int], DeviceRuntime],
+                 make_client: Callable[[DeviceRuntime], DeviceClient], store: StateStore, key: str) -> None:
+        self._ids = {f"{d:06d}": d for d in device_ids}
+        self._build, self._make_client = build, make_client
+        self._store, self._key = store, key
+        self._clients: dict[str, DeviceClient] = {}
+        self._stored: dict[int, dict[str, np.ndarray]] | None = None
+
+    def __getitem__(self, cid: str) -> DeviceClient:
+        client = self._clients.get(cid)
+        if client is None:
+            device = self._build(self._ids[cid])  # KeyError: no device of this node
+            state = self.stored().get(device.device_id)
+            if state is not None:
+                device.restore(state)
+            client = self._clients[cid] = self._make_client(device)
+        return client
+
+    def __contains__(self, cid: object) -> bool:
+        return cid in self._ids
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def built(self) -> list[DeviceRuntime]:
+        """The devices built so far (this message's)."""
+        return [c.device for c in self._clients.values()]
+
+    def stored(self) -> dict[int, dict[str, np.ndarray]]:
+        """The node's stored device states by device id (read once per message)."""
+        if self._stored is None:
+            packed = self._store.load(self._key)
+            self._stored = {} if packed is None else unpack_states(packed)
+        return self._stored
+
+    def save(self) -> None:
+        """Every device state of the node in its one file: those built now as they are, the others
+        as stored (hfl.device.save_devices: a device never used is left out)."""
+        states = dict(self.stored())
+        for device in self.built():
+            if has_state(device):
+                states[device.device_id] = device.state()
+            else:
+                states.pop(device.device_id, None)
+        self._store.save(self._key, pack_states(states))
+
+
+class PlainClients(Mapping[str, DeviceClient]):
+    """The clients of ``clients`` that test the plain way (``model_to_test`` on their test split,
+    hfl.batched_eval.BatchedEvaluate), each looked up, and so built, only when asked for."""
+
+    def __init__(self, clients: Mapping[str, DeviceClient]) -> None:
+        self.clients = clients
+
+    def __getitem__(self, cid: str) -> DeviceClient:
+        client = self.clients[cid]
+        if type(client).evaluate is not DeviceClient.evaluate:
+            raise KeyError(cid)  # tested by its own evaluate
+        return client
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.clients)
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+
 def uses_batched(cfg: Mapping, trainer: LocalTrainer) -> bool:
     """Whether lowest nodes step their devices together: runtime.batched on, or auto where the
-    algorithm has the batched path (algorithm.batched) and the model carries no buffers."""
+    algorithm has the batched path (algorithm.batched), the model carries no buffers and the
+    batched path is the faster one (hfl.batched.batching_pays)."""
     setting = batched_setting(cfg.get("runtime", {}))
     if setting == "off" or not cfg["algorithm"].get("batched", False):
         return False
@@ -118,7 +196,7 @@ def uses_batched(cfg: Mapping, trainer: LocalTrainer) -> bool:
             raise ConfigError("runtime.batched", f"{type(trainer.model).__name__} keeps buffers (BatchNorm), which the "
                                                  "batched path does not step; use runtime.batched=auto or off")
         return False
-    return True
+    return setting == "on" or batching_pays(trainer.model, resolve_device(cfg["runtime"].get("device")))
 
 
 # ---------------------------------------------------------------- per-level settings
@@ -196,21 +274,23 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
         client_module = load_module(alg, "client")
         trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed)))
         local = bool(alg.get("local_labels", False))
-        devices = [device_runtime(cfg, d, device_data(cfg, fed, d), trainer, None,
-                                  device_classes(fed, d) if local else None) for d in tree.devices(path)]
-        load_devices(store, devices_key(path), devices)
+
+        def build_device(d: int) -> DeviceRuntime:
+            return device_runtime(cfg, d, device_data(cfg, fed, d), trainer, None,
+                                  device_classes(fed, d) if local else None)
+
+        # Devices exist only while they work: each is built when its node asks it (hfl.node.NodeDevices).
+        clients = NodeDevices(tree.devices(path), build_device, client_module.make_client, store, devices_key(path))
         holds = {f"{d:06d}": frozenset([d]) for d in tree.devices(path)}
-        clients = {f"{d.device_id:06d}": client_module.make_client(d) for d in devices}
-        proxies = [InProcessClientProxy(cid, client.to_client()) for cid, client in clients.items()]
+        proxies = [InProcessClientProxy(cid, lambda cid=cid: clients[cid].to_client()) for cid in clients]
         if uses_batched(cfg, trainer):
             by_cid, device = {p.cid: p for p in proxies}, resolve_device(cfg["runtime"].get("device"))
             fit_many = BatchedFit(clients, by_cid, device)
             # Clients that test the plain way (model_to_test on their test split) are tested together.
-            plain = {cid: c for cid, c in clients.items() if type(c).evaluate is DeviceClient.evaluate}
-            evaluate_many = BatchedEvaluate(plain, by_cid, device)
+            evaluate_many = BatchedEvaluate(PlainClients(clients), by_cid, device)
 
         def persist() -> None:
-            save_devices(store, devices_key(path), devices)
+            clients.save()
     else:
         proxies = [InProcessClientProxy(child, lambda child=child: build_node(cfg, child, state_dir).to_client())
                    for child in tree.children(path)]

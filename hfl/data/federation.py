@@ -1,13 +1,22 @@
 """build_federation: dataset + partition + tree formation -> per-device tensors (train, optional
 validation, test), the tree and its teams, and the optional proxy pool
-(``dataset.proxy_fraction``); proxy_data: a server's proxy samples."""
+(``dataset.proxy_fraction``); proxy_data: a server's proxy samples.
+
+Generated data split by its natural partition (every device its own generated samples) is made
+device by device when asked for (``LazyDevices``): the driver and every Ray actor build the
+federation, and 100,000 devices' data (~10 GiB of Synthetic) fit in none of them. Any other
+dataset or partition needs the whole pool up front and builds every device at once.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import operator
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, overload
 
 import numpy as np
 import torch
@@ -35,6 +44,16 @@ from hfl.seed import derive_seed, rng
 from hfl.tree import Tree
 
 GENERATED = ("synthetic", "synthetic_multilevel")  # made from the seed, nothing on disk
+# Generated data with partition=natural (and no proxy pool): devices made when asked for. The
+# environment's HFL_LAZY_DEVICES=0 builds them all up front instead (benchmarks/scale.py's
+# reference). Both are read at import, so Ray workers started from the driver's environment agree.
+LAZY_DEVICES: bool = os.environ.get("HFL_LAZY_DEVICES", "1") != "0"
+# Making a device costs ~1.5 ms (Synthetic); a lazy federation keeps the devices it made while
+# their tensors fit this budget (per process), so a federation that fits (3,500 Synthetic devices
+# are ~365 MiB) is made once per process, as eagerly, and a larger one stays bounded (100,000 are
+# ~10 GiB). HFL_LAZY_CACHE_MB=0: keep none but the last few.
+LAZY_CACHE_BYTES: int = int(float(os.environ.get("HFL_LAZY_CACHE_MB", "512")) * 2**20)
+LAZY_RECENT = 4  # the last devices asked for, kept whatever the budget (a node asks one twice in a row)
 DATASETS = (*GENERATED, *vision.SPECS)
 PARTITIONS = ("classes", "clusterwise", "dirichlet", "iid", "multilevel", "natural", "roundrobin")
 
@@ -65,12 +84,76 @@ class DeviceData:
         self.x_val, self.y_val = validation_or_empty(self.x_train, self.y_train, self.x_val, self.y_val)
 
 
+def nbytes(data: DeviceData) -> int:
+    return sum(t.nbytes for t in (data.x_train, data.y_train, data.x_val, data.y_val, data.x_test, data.y_test))
+
+
+class LazyDevices(Sequence[DeviceData]):
+    """A federation's devices, each made by ``make(i)`` when it is asked for. Kept: those made
+    while their tensors fit ``cache_bytes`` (first come, never evicted: the passes of training and
+    evaluation go over the devices in turn, which would leave an LRU cache smaller than them no
+    hit at all), and the last ``recent`` asked for; so memory stays bounded however many devices
+    there are. ``made`` counts the devices made (tests, inspection)."""
+
+    def __init__(self, count: int, make: Callable[[int], DeviceData], cache_bytes: int | None = None,
+                 recent: int = LAZY_RECENT) -> None:
+        self._count, self._make = count, make
+        self._budget = LAZY_CACHE_BYTES if cache_bytes is None else cache_bytes
+        self._kept: dict[int, DeviceData] = {}
+        self.kept_bytes = 0
+        self._recent: OrderedDict[int, DeviceData] = OrderedDict()
+        self._recent_size = recent
+        self.made = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> DeviceData: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[DeviceData]: ...
+
+    def __getitem__(self, index: int | slice) -> DeviceData | list[DeviceData]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._count))]
+        i = operator.index(index)
+        if i < 0:
+            i += self._count
+        if not 0 <= i < self._count:
+            raise IndexError(f"device {index} does not exist: the federation has {self._count} devices")
+        data = self._kept.get(i)
+        if data is not None:
+            return data
+        data = self._recent.get(i)
+        if data is not None:
+            self._recent.move_to_end(i)
+            return data
+        data = self._make(i)
+        self.made += 1
+        size = nbytes(data)
+        if self.kept_bytes + size <= self._budget:
+            self._kept[i] = data
+            self.kept_bytes += size
+        elif self._recent_size > 0:
+            self._recent[i] = data
+            while len(self._recent) > self._recent_size:
+                self._recent.popitem(last=False)
+        return data
+
+    def __iter__(self) -> Iterator[DeviceData]:  # one device at a time: iterating holds no more than the cache
+        for i in range(self._count):
+            yield self[i]
+
+
 @dataclass
 class Federation:
     dataset: str
     input_shape: tuple[int, ...]
     num_classes: int
-    devices: list[DeviceData]  # devices[i].device_id == i
+    # devices[i].device_id == i: a list, or LazyDevices (each made when asked for; generated
+    # data with partition=natural), which nothing should iterate in a normal run
+    devices: Sequence[DeviceData]
     teams: list[list[int]]  # team index -> sorted device ids (== tree.teams)
     tree: Tree  # the whole hierarchy; teams are its level-1 nodes
     proxy_x: torch.Tensor | None = None  # proxy pool (dataset.proxy_fraction > 0): float, like device data
@@ -138,7 +221,47 @@ def _choice(cfg: Mapping, key: str, default: Any, known: tuple[str, ...], what: 
 
 
 # ---------------------------------------------------------------- loading
-def _load_synthetic(cfg: Mapping, num_devices: int, seed: int):
+class DeviceSource(Protocol):
+    """Generated data, device by device (each from its own random streams)."""
+
+    min_samples: int  # no device has fewer samples
+
+    def device(self, device_id: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def num_samples(self, device_id: int) -> int: ...
+
+
+class SyntheticSource:
+    """hfl.data.synthetic's devices (looked up at each call: tests count them)."""
+
+    def __init__(self, seed: int, params: dict[str, Any]) -> None:
+        self.seed, self.params = seed, params
+        floor = int(params["min_samples"]) * int(params.get("size_scale", 1))  # int(lognormal) >= 0
+        self.min_samples = floor if params["max_samples"] is None else min(floor, int(params["max_samples"]))
+
+    def device(self, device_id: int) -> tuple[np.ndarray, np.ndarray]:
+        return synthetic.generate_device(self.seed, device_id, **self.params)
+
+    def num_samples(self, device_id: int) -> int:
+        return synthetic.num_samples(self.seed, device_id, **self.params)
+
+
+class MultilevelSource:
+    """hfl.data.multilevel's devices."""
+
+    def __init__(self, generator: multilevel.DeviceGenerator, min_samples: int, max_samples: int | None) -> None:
+        self.generator = generator
+        self.min_samples = min_samples if max_samples is None else min(min_samples, max_samples)
+
+    def device(self, device_id: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.generator.device(device_id)
+
+    def num_samples(self, device_id: int) -> int:
+        return self.generator.num_samples(device_id)
+
+
+def _synthetic_source(cfg: Mapping, num_devices: int, seed: int) -> tuple[DeviceSource, tuple[int, ...], int]:
+    """The generator the dataset config describes (its values checked), the input shape and classes."""
     params = dict(
         alpha=_float(cfg, "alpha", 0.5, 0.0),
         beta=_float(cfg, "beta", 0.5, 0.0),
@@ -164,15 +287,26 @@ def _load_synthetic(cfg: Mapping, num_devices: int, seed: int):
                 raise ConfigError(f"dataset.scales[{i}]", f"must be finite, got {value}")
         for i, value in enumerate(clusters):
             check_number(f"dataset.clusters[{i}]", value, integer=True, minimum=1)
-        data = multilevel.generate(num_devices, seed, clusters=clusters, scales=[float(v) for v in scales],
-                                   beta=params.pop("beta"), **params)
+        generator = multilevel.DeviceGenerator(num_devices, seed, clusters=clusters, scales=[float(v) for v in scales],
+                                               beta=params.pop("beta"), **params)
+        source: DeviceSource = MultilevelSource(generator, params["min_samples"], params["max_samples"])
     else:
-        data = synthetic.generate(num_devices, seed, **params)
+        source = SyntheticSource(seed, params)
+    return source, (params["num_features"],), params["num_classes"]
+
+
+def _same(a: np.ndarray) -> np.ndarray:
+    return a
+
+
+def _pool(source: DeviceSource, num_devices: int):
+    """Every device's generated samples in one pool, and each device's (natural) share of it."""
+    data = [source.device(d) for d in range(num_devices)]
     bounds = np.cumsum([0] + [len(y) for _, y in data])
     natural = [np.arange(bounds[i], bounds[i + 1]) for i in range(num_devices)]
     x = np.concatenate([x for x, _ in data])
     y = np.concatenate([y for _, y in data])
-    return x, y, (params["num_features"],), params["num_classes"], natural, lambda a: a
+    return x, y, natural, _same
 
 
 def _load_vision(cfg: Mapping, name: str):
@@ -226,15 +360,20 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
     dirichlet_alpha = _float(dataset_cfg, "dirichlet_alpha", 0.5, 0.0, open_lo=True)
     proxy_fraction = _float(dataset_cfg, "proxy_fraction", 0.0, 0.0, 1.0)
 
+    lazy = False
     if name in GENERATED:
-        x, y, input_shape, num_classes, natural, to_float = _load_synthetic(dataset_cfg, num_devices, seed)
+        source, input_shape, num_classes = _synthetic_source(dataset_cfg, num_devices, seed)
+        # A device's natural share is its own generated data: nothing needs the pool.
+        lazy = LAZY_DEVICES and partition == "natural" and proxy_fraction == 0
+        if not lazy:
+            x, y, natural, to_float = _pool(source, num_devices)
     else:
         x, y, input_shape, num_classes, natural, to_float = _load_vision(dataset_cfg, name)
 
     device_classes: list[list[int]] | None = None
     device_clusters: list[list[int]] | None = None
     if partition == "natural":
-        parts, too_small_key = natural, "dataset.min_samples"
+        parts, too_small_key = (None if lazy else natural), "dataset.min_samples"
         if name == "synthetic_multilevel":  # the generator's nested blocks (hfl/data/multilevel.py)
             levels = [int(n) for n in _get(dataset_cfg, "clusters", [4])]
             device_clusters = [[multilevel.block_of(d, num_devices, n) for n in levels] for d in range(num_devices)]
@@ -280,6 +419,11 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
         parts = partition_dirichlet(y, num_devices, dirichlet_alpha, seed, min_size=min_samples_per_device)
         too_small_key = "dataset.dirichlet_alpha"
 
+    if lazy:
+        check_natural_sizes(source, num_devices, train_fraction, val_fraction, seed, name)
+        devices: Sequence[DeviceData] = LazyDevices(num_devices, NaturalDevice(source, train_fraction, val_fraction, seed))
+        return Federation(name, tuple(input_shape), num_classes, devices, teams, tree, None, None, None, device_clusters)
+
     for d, idx in enumerate(parts):
         if len(idx) < 2:  # one train + one test sample at least
             raise ConfigError(
@@ -300,23 +444,71 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
         proxy_x = torch.from_numpy(np.ascontiguousarray(to_float(x[proxy])))
         proxy_y = torch.from_numpy(y[proxy])
 
-    devices = []
-    for d, idx in enumerate(parts):
-        train, val, test = split_train_val_test(idx, train_fraction, val_fraction, seed, d)
-        devices.append(
-            DeviceData(
-                device_id=d,
-                x_train=torch.from_numpy(np.ascontiguousarray(to_float(x[train]))),
-                y_train=torch.from_numpy(y[train]),
-                x_test=torch.from_numpy(np.ascontiguousarray(to_float(x[test]))),
-                y_test=torch.from_numpy(y[test]),
-                x_val=torch.from_numpy(np.ascontiguousarray(to_float(x[val]))),
-                y_val=torch.from_numpy(y[val]),
-            )
-        )
+    devices = [split_device(d, x, y, idx, train_fraction, val_fraction, seed, to_float) for d, idx in enumerate(parts)]
     sorted_classes = None if device_classes is None else [sorted(cs) for cs in device_classes]
     return Federation(name, tuple(input_shape), num_classes, devices, teams, tree, proxy_x, proxy_y, sorted_classes,
                       device_clusters)
+
+
+def split_device(d: int, x: np.ndarray, y: np.ndarray, idx: np.ndarray, train_fraction: float, val_fraction: float,
+                 seed: int, to_float: Callable[[np.ndarray], np.ndarray]) -> DeviceData:
+    """Device ``d``'s samples ``x[idx], y[idx]`` split into train/val/test with its own streams.
+    The split's shuffle depends only on ``len(idx)``, so a device's data is the same taken from
+    the pool (indices into it) or from its own generated samples (``arange(n)``)."""
+    train, val, test = split_train_val_test(idx, train_fraction, val_fraction, seed, d)
+    return DeviceData(
+        device_id=d,
+        x_train=torch.from_numpy(np.ascontiguousarray(to_float(x[train]))),
+        y_train=torch.from_numpy(y[train]),
+        x_test=torch.from_numpy(np.ascontiguousarray(to_float(x[test]))),
+        y_test=torch.from_numpy(y[test]),
+        x_val=torch.from_numpy(np.ascontiguousarray(to_float(x[val]))),
+        y_val=torch.from_numpy(y[val]),
+    )
+
+
+@dataclass(frozen=True)
+class NaturalDevice:
+    """Makes device d of a lazy federation: its generated samples, split as the eager path splits them."""
+
+    source: DeviceSource
+    train_fraction: float
+    val_fraction: float
+    seed: int
+
+    def __call__(self, d: int) -> DeviceData:
+        x, y = self.source.device(d)
+        return split_device(d, x, y, np.arange(len(y)), self.train_fraction, self.val_fraction, self.seed, _same)
+
+
+def _split_fits(n: int, train_fraction: float, val_fraction: float) -> bool:
+    """Whether a device of ``n`` samples keeps a training sample after its splits (it depends on n alone)."""
+    try:
+        split_train_val_test(np.arange(n), train_fraction, val_fraction, 0, 0)
+    except ConfigError:
+        return False
+    return True
+
+
+def check_natural_sizes(source: DeviceSource, num_devices: int, train_fraction: float, val_fraction: float,
+                        seed: int, name: str) -> None:
+    """The eager path's refusals of a natural partition, with its messages, generating nothing: a
+    device with fewer than 2 samples, or one its validation split leaves no training sample. Both
+    depend on a device's size alone and, once a size passes, every larger one passes (the train
+    share and round(n_train x val_fraction) grow by at most one per sample), so a passing floor
+    clears every device; else the sizes (first draws of the devices' streams) are checked."""
+    if source.min_samples >= 2 and _split_fits(source.min_samples, train_fraction, val_fraction):
+        return
+    sizes = [source.num_samples(d) for d in range(num_devices)]
+    for d, n in enumerate(sizes):
+        if n < 2:
+            raise ConfigError("dataset.min_samples",
+                              f"device {d} gets {n} samples ({name}, natural partition); it needs at least 2")
+    fits = {n: _split_fits(n, train_fraction, val_fraction) for n in set(sizes)}
+    for d, n in enumerate(sizes):
+        if not fits[n]:
+            split_train_val_test(np.arange(n), train_fraction, val_fraction, seed, d)  # raises, naming device d
+            raise AssertionError(f"device {d}: {n} samples should not fit dataset.val_fraction={val_fraction}")
 
 
 def proxy_data(fed: Federation, path: str, size: int, seed: int, train_fraction: float = 0.75) -> DeviceData:

@@ -42,14 +42,57 @@ def check_clusters(clusters: Sequence[int], num_devices: int) -> list[int]:
     return counts
 
 
-def true_models(num_devices: int, seed: int, clusters: Sequence[int], scales: Sequence[float],
-                shape: tuple[int, int]) -> list[np.ndarray]:
-    """Every device's [W_d, b_d]: the global part, its clusters' parts and its own part."""
+def shared_parts(seed: int, clusters: Sequence[int], scales: Sequence[float],
+                 shape: tuple[int, int]) -> tuple[np.ndarray, list[list[np.ndarray]]]:
+    """The global part and every cluster's part (what devices share), each scaled."""
     model = scales[0] * rng(seed, "multilevel", "global").standard_normal(shape)
     parts = [[scales[1 + level] * rng(seed, "multilevel", level, c).standard_normal(shape) for c in range(count)]
              for level, count in enumerate(clusters)]
-    return [model + sum(parts[level][block_of(d, num_devices, count)] for level, count in enumerate(clusters))
-            + scales[-1] * rng(seed, "multilevel", "device", d).standard_normal(shape) for d in range(num_devices)]
+    return model, parts
+
+
+def device_model(device: int, num_devices: int, seed: int, clusters: Sequence[int], scales: Sequence[float],
+                 shared: tuple[np.ndarray, list[list[np.ndarray]]]) -> np.ndarray:
+    """Device ``device``'s [W_d, b_d]: the global part, its clusters' parts and its own part."""
+    model, parts = shared
+    return (model + sum(parts[level][block_of(device, num_devices, count)] for level, count in enumerate(clusters))
+            + scales[-1] * rng(seed, "multilevel", "device", device).standard_normal(model.shape))
+
+
+def true_models(num_devices: int, seed: int, clusters: Sequence[int], scales: Sequence[float],
+                shape: tuple[int, int]) -> list[np.ndarray]:
+    """Every device's [W_d, b_d]: the global part, its clusters' parts and its own part."""
+    shared = shared_parts(seed, clusters, scales, shape)
+    return [device_model(d, num_devices, seed, clusters, scales, shared) for d in range(num_devices)]
+
+
+class DeviceGenerator:
+    """Device by device: what devices share is drawn once, each device's own model and samples
+    from its own streams, so device d's data is the same whether or not the others are made
+    (a lazy federation makes a device only when it is asked for; hfl.data.federation)."""
+
+    def __init__(self, num_devices: int, seed: int, *, clusters: Sequence[int], scales: Sequence[float], beta: float,
+                 num_features: int, num_classes: int, size_mean: float, size_sigma: float, min_samples: int,
+                 max_samples: int | None) -> None:
+        self.clusters = check_clusters(clusters, num_devices)
+        if len(scales) != len(self.clusters) + 2:
+            raise ConfigError("dataset.scales", f"needs {len(self.clusters) + 2} entries (global, one per cluster "
+                                                f"level, device), got {len(scales)}")
+        self.num_devices, self.seed, self.scales, self.beta = num_devices, seed, list(scales), beta
+        self.num_features = num_features
+        self.sizes = (size_mean, size_sigma, min_samples, max_samples)
+        self.shared = shared_parts(seed, self.clusters, self.scales, (num_classes, num_features + 1))
+
+    def num_samples(self, device: int) -> int:
+        """The device's sample count (the first draw of its samples stream), nothing generated."""
+        return device_size(rng(self.seed, "multilevel", "samples", device), *self.sizes)
+
+    def device(self, device: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(x float32 (n, f), y int64 (n,))`` of one device."""
+        w = device_model(device, self.num_devices, self.seed, self.clusters, self.scales, self.shared)
+        g = rng(self.seed, "multilevel", "samples", device)
+        n = device_size(g, *self.sizes)
+        return labeled_samples(g, g.normal(0.0, self.beta, size=self.num_features), w[:, :-1], w[:, -1], n)
 
 
 def generate(
@@ -67,14 +110,7 @@ def generate(
     max_samples: int | None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """One ``(x float32 (n, f), y int64 (n,))`` pair per device."""
-    counts = check_clusters(clusters, num_devices)
-    if len(scales) != len(counts) + 2:
-        raise ConfigError("dataset.scales", f"needs {len(counts) + 2} entries (global, one per cluster level, "
-                                            f"device), got {len(scales)}")
-    models = true_models(num_devices, seed, counts, scales, (num_classes, num_features + 1))
-    out = []
-    for d, w in enumerate(models):
-        g = rng(seed, "multilevel", "samples", d)
-        n = device_size(g, size_mean, size_sigma, min_samples, max_samples)
-        out.append(labeled_samples(g, g.normal(0.0, beta, size=num_features), w[:, :-1], w[:, -1], n))
-    return out
+    gen = DeviceGenerator(num_devices, seed, clusters=clusters, scales=scales, beta=beta, num_features=num_features,
+                    num_classes=num_classes, size_mean=size_mean, size_sigma=size_sigma, min_samples=min_samples,
+                    max_samples=max_samples)
+    return [gen.device(d) for d in range(num_devices)]

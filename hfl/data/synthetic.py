@@ -49,6 +49,13 @@ def generate_device(
     return labeled_samples(g, v, w, b, n)
 
 
+def num_samples(seed: int, device_id: int, *, size_mean: float, size_sigma: float, min_samples: int,
+                max_samples: int | None, size_scale: int = 1, **_: object) -> int:
+    """How many samples ``generate_device`` gives device ``device_id``, without generating them:
+    the size is the first draw of the device's stream (checks of a lazy federation read it)."""
+    return device_size(rng(seed, "synthetic", device_id), size_mean, size_sigma, min_samples, max_samples, size_scale)
+
+
 def device_size(g: np.random.Generator, size_mean: float, size_sigma: float, min_samples: int,
                 max_samples: int | None, size_scale: int = 1) -> int:
     """(int(lognormal(size_mean, size_sigma)) + min_samples) * size_scale, capped at max_samples."""

@@ -1,0 +1,181 @@
+"""Scale on one machine (issue 11): seconds per global round and the peak resident memory of all
+processes (driver, Ray's processes and the team actors) for
+
+- ``3500``: 3,500 devices, 5 x 700 Synthetic, MCLR, PerMFL (K = 2, L = 5), the default Ray
+  simulation, evaluated every round; devices made when asked for (the default; a process keeps
+  the devices it made within ``HFL_LAZY_CACHE_MB``, 512 by default), the same keeping none
+  (``HFL_LAZY_CACHE_MB=0``: every message makes its devices again), and the eager build
+  (``HFL_LAZY_DEVICES=0``: every process builds every device's data up front, the reference),
+  all measured in this run;
+- ``100k``: 100,000 devices, ``topology=tree topology.fanout=[100,1000]``, Synthetic, MCLR,
+  FedAvg with ``algorithm.sample_fraction=[1,0.01]`` (every server asks 10 of its 1,000 devices
+  per round), the default Ray simulation, evaluated once, at the last round (every device
+  tested), reported apart; with the default cache and with none. The same run with eager devices
+  needs ~10 GiB of device data, ~3x that while building it, in every process that builds the
+  federation (the driver and each actor), more than this machine has: its reference is the eager
+  build of 10,000 of the same devices in one process, measured here and scaled to 100,000 (device
+  data are independent draws, so memory grows linearly), beside the lazy build of all 100,000.
+
+Each run is a fresh process (its own Ray instance, its own environment for HFL_LAZY_DEVICES,
+and HFL_LAZY_CACHE_MB, which the Ray workers it starts inherit); seconds per round are medians over rounds 2..T (round 1
+holds the actors' start-up), for ``100k`` over the rounds before the evaluated one.
+
+    .venv/bin/python benchmarks/scale.py                      # both sizes, 5 global rounds
+    .venv/bin/python benchmarks/scale.py --only 100k --rounds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peak_memory import PeakMemory  # noqa: E402 - benchmarks/ is no package
+
+REPO = Path(__file__).resolve().parents[1]
+DEVICES_3500 = ["topology.num_teams=5", "topology.devices_per_team=700", "algorithm.team_rounds=2",
+                "algorithm.local_steps=5"]
+DEVICES_100K = ["algorithm=fedavg", "topology=tree", "topology.fanout=[100,1000]", "algorithm.sample_fraction=[1,0.01]"]
+EAGER_SLICE = ["topology=tree", "topology.fanout=[10,1000]"]  # 10,000 of the same devices (ids 0..9,999)
+
+
+# ---------------------------------------------------------------- in a child process
+def config(overrides: list[str]) -> dict:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from hfl import schema
+    from hfl.apps import CONF_DIR
+
+    schema.register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
+
+
+def child_run(overrides: list[str], out: Path) -> dict:
+    """One hfl run: every global round's seconds and the final accuracies."""
+    from hfl.resume import read_checkpoint
+    from hfl.simulate import run
+
+    summary = run(config(overrides), out)
+    return {"round_seconds": read_checkpoint(out).recorder["round_seconds"],
+            "gm": summary["final"].get("gm_accuracy"), "pm": summary["final"].get("pm_accuracy")}
+
+
+def child_build(overrides: list[str]) -> dict:
+    """The memory building the federation adds to this process (its peak RSS over the RSS before)."""
+    import psutil
+
+    from hfl.data import build_federation
+
+    cfg = config(overrides)
+    before = psutil.Process().memory_info().rss
+    fed = build_federation(cfg["dataset"], cfg["topology"], int(cfg["seed"]))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+    return {"devices": len(fed.devices), "gib": max(peak - before, 0) / 2**30, "lazy": type(fed.devices).__name__}
+
+
+# ---------------------------------------------------------------- the parent
+LAZY = {"HFL_LAZY_DEVICES": "1"}  # the default: devices made when asked for, kept within 512 MiB
+NO_CACHE = {"HFL_LAZY_DEVICES": "1", "HFL_LAZY_CACHE_MB": "0"}
+EAGER = {"HFL_LAZY_DEVICES": "0"}
+
+
+def in_child(kind: str, overrides: list[str], settings: dict[str, str], out: Path | None = None) -> dict:
+    """Run ``kind`` (run|build) in a fresh process with the environment ``settings``; its result
+    and the peak memory of it and all its descendants (Ray's processes included)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HFL_LAZY_DEVICES", "HFL_LAZY_CACHE_MB")}
+    env.update(settings, PYTHONPATH=str(REPO))
+    command = [sys.executable, __file__, "--child", kind, "--out", str(out or ""), "--", *overrides]
+    with PeakMemory() as peak:
+        proc = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
+        raise RuntimeError(f"{kind} {' '.join(overrides)} failed (exit {proc.returncode})")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {**result, "peak_gib": peak.gib}
+
+
+def pct(value: float | None) -> str:
+    return f"{100 * value:6.2f}" if value is not None else "     -"
+
+
+def section_3500(tmp: Path, rounds: int) -> None:
+    base = [*DEVICES_3500, f"global_rounds={rounds}"]
+    setups = {"made when asked for (default)": LAZY, "made when asked for, none kept (cache 0)": NO_CACHE,
+              "all built up front in every process (ref)": EAGER}
+    results = {name: in_child("run", base, env, tmp / f"3500-{i}") for i, (name, env) in enumerate(setups.items())}
+    print(f"\n3,500 devices (5 x 700 Synthetic, MCLR, PerMFL K = 2, L = 5), default Ray simulation, {rounds} global "
+          "rounds, evaluated every round")
+    print(f"  {'devices':<44} {'s/round':>8} {'vs ref':>7} {'peak GiB':>9} {'vs ref':>7} {'PM %':>6} {'GM %':>6}")
+    ref = results["all built up front in every process (ref)"]
+    ref_s = statistics.median(ref["round_seconds"][1:])
+    for label, r in results.items():
+        s = statistics.median(r["round_seconds"][1:])
+        print(f"  {label:<44} {s:8.2f} {s / ref_s:6.2f}x {r['peak_gib']:9.2f} {r['peak_gib'] / ref['peak_gib']:6.2f}x "
+              f"{pct(r['pm'])} {pct(r['gm'])}")
+
+
+def section_100k(tmp: Path, rounds: int) -> None:
+    rounds = max(rounds, 3)  # round 1 (start-up), >= 1 round to time, the evaluated last one
+    overrides = [*DEVICES_100K, f"global_rounds={rounds}", f"eval_every={rounds}"]
+    runs = {"made when asked for (default)": in_child("run", overrides, LAZY, tmp / "100k"),
+            "made when asked for, none kept (cache 0)": in_child("run", overrides, NO_CACHE, tmp / "100k-0")}
+    lazy_build = in_child("build", DEVICES_100K, LAZY)
+    eager_slice = in_child("build", EAGER_SLICE, EAGER)
+    scale = 100_000 / eager_slice["devices"]
+    per_process = eager_slice["gib"] * scale
+    print(f"\n100,000 devices (100 x 1,000 Synthetic, MCLR, FedAvg, sample_fraction=[1,0.01]: 10 devices per server "
+          f"and round), default Ray simulation, {rounds} global rounds, evaluated at round {rounds} only (all "
+          f"100,000 devices); s/round: median of rounds 2..{rounds - 1}")
+    print(f"  {'devices':<44} {'s/round':>8} {f'round {rounds}':>8} {'its eval':>8} {'peak GiB':>9} {'GM %':>6}")
+    for label, r in runs.items():
+        fit = statistics.median(r["round_seconds"][1:-1])
+        last = r["round_seconds"][-1]  # its fit, then every device tested
+        print(f"  {label:<44} {fit:8.2f} {last:8.2f} {last - fit:8.2f} {r['peak_gib']:9.2f} {pct(r['gm'])}")
+    default = runs["made when asked for (default)"]
+    print("  reference: the federation's build alone, in one process (the memory it adds)")
+    print(f"  {'lazy, 100,000 devices':<44} {'':>8} {'':>8} {'':>8} {lazy_build['gib']:9.2f}")
+    measured = f"eager, {eager_slice['devices']:,} devices (measured)"
+    print(f"  {measured:<44} {'':>8} {'':>8} {'':>8} {eager_slice['gib']:9.2f}")
+    print(f"  {f'eager, 100,000 devices (x {scale:g}, estimate)':<44} {'':>8} {'':>8} {'':>8} {per_process:9.2f}"
+          f"  = {per_process / default['peak_gib']:.1f}x the default's whole run, in each of the driver and the actors")
+
+
+SECTIONS = {"3500": section_3500, "100k": section_100k}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sizes: {', '.join(SECTIONS)}")
+    parser.add_argument("--rounds", type=int, default=5, help="global rounds per run (medians over rounds 2..T)")
+    parser.add_argument("--child", choices=["run", "build"], help=argparse.SUPPRESS)
+    parser.add_argument("--out", default="", help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:  # one measured process (the parent reads its last line)
+        result = child_run(args.overrides, Path(args.out)) if args.child == "run" else child_build(args.overrides)
+        print(json.dumps(result))
+        return 0
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2 (round 1 holds start-up)")
+    names = [n for n in args.only.split(",") if n]
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown sizes {unknown}; known: {', '.join(SECTIONS)}")
+    print(f"{os.cpu_count()} cores; peak memory = the largest sum of RSS over a run's processes (psutil, every 0.1 s)")
+    with tempfile.TemporaryDirectory(prefix="hfl-scale-") as tmp:
+        for name in names:
+            SECTIONS[name](Path(tmp), args.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
