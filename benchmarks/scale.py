@@ -3,9 +3,9 @@ processes (driver, Ray's processes and the team actors) for
 
 - ``3500``: 3,500 devices, 5 x 700 Synthetic, MCLR, PerMFL (K = 2, L = 5), the default Ray
   simulation, evaluated every round; devices made when asked for (the default; a process keeps
-  the devices it made within ``HFL_LAZY_CACHE_MB``, 512 by default), the same keeping none
-  (``HFL_LAZY_CACHE_MB=0``: every message makes its devices again), and the eager build
-  (``HFL_LAZY_DEVICES=0``: every process builds every device's data up front, the reference),
+  the devices it made within ``dataset.cache_mb``, 512 by default), the same keeping none
+  (``dataset.cache_mb=0``: every message makes its devices again), and the eager build
+  (``dataset.lazy=false``: every process builds every device's data up front, the reference),
   all measured in this run;
 - ``100k``: 100,000 devices, ``topology=tree topology.fanout=[100,1000]``, Synthetic, MCLR,
   FedAvg with ``algorithm.sample_fraction=[1,0.01]`` (every server asks 10 of its 1,000 devices
@@ -16,8 +16,8 @@ processes (driver, Ray's processes and the team actors) for
   build of 10,000 of the same devices in one process, measured here and scaled to 100,000 (device
   data are independent draws, so memory grows linearly), beside the lazy build of all 100,000.
 
-Each run is a fresh process (its own Ray instance, its own environment for HFL_LAZY_DEVICES,
-and HFL_LAZY_CACHE_MB, which the Ray workers it starts inherit); seconds per round are medians over rounds 2..T (round 1
+Each run is a fresh process (its own Ray instance, its own overrides for dataset.lazy
+and dataset.cache_mb); seconds per round are medians over rounds 2..T (round 1
 holds the actors' start-up), for ``100k`` over the rounds before the evaluated one.
 
     .venv/bin/python benchmarks/scale.py                      # both sizes, 5 global rounds
@@ -83,17 +83,16 @@ def child_build(overrides: list[str]) -> dict:
 
 
 # ---------------------------------------------------------------- the parent
-LAZY = {"HFL_LAZY_DEVICES": "1"}  # the default: devices made when asked for, kept within 512 MiB
-NO_CACHE = {"HFL_LAZY_DEVICES": "1", "HFL_LAZY_CACHE_MB": "0"}
-EAGER = {"HFL_LAZY_DEVICES": "0"}
+LAZY: list[str] = []  # the default: devices made when asked for, kept within dataset.cache_mb (512 MiB)
+NO_CACHE = ["dataset.cache_mb=0"]
+EAGER = ["dataset.lazy=false"]
 
 
-def in_child(kind: str, overrides: list[str], settings: dict[str, str], out: Path | None = None) -> dict:
-    """Run ``kind`` (run|build) in a fresh process with the environment ``settings``; its result
+def in_child(kind: str, overrides: list[str], settings: list[str], out: Path | None = None) -> dict:
+    """Run ``kind`` (run|build) in a fresh process with the overrides plus ``settings``; its result
     and the peak memory of it and all its descendants (Ray's processes included)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("HFL_LAZY_DEVICES", "HFL_LAZY_CACHE_MB")}
-    env.update(settings, PYTHONPATH=str(REPO))
-    command = [sys.executable, __file__, "--child", kind, "--out", str(out or ""), "--", *overrides]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, __file__, "--child", kind, "--out", str(out or ""), "--", *overrides, *settings]
     with PeakMemory() as peak:
         proc = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -301,6 +301,8 @@ class SyntheticDatasetConfig(DatasetConfig):
     min_samples: int = MISSING
     max_samples: Optional[int] = MISSING
     size_scale: int = MISSING
+    lazy: bool = MISSING  # partition=natural: each device generated when asked for (hfl/data/federation.py)
+    cache_mb: float = MISSING  # lazy devices kept per process within this budget
 
 
 @dataclass
@@ -315,6 +317,8 @@ class SyntheticMultilevelDatasetConfig(DatasetConfig):
     size_mean: float = MISSING
     min_samples: int = MISSING
     max_samples: Optional[int] = MISSING
+    lazy: bool = MISSING
+    cache_mb: float = MISSING
 
 
 # --------------------------------------------------------------------------------- model

@@ -233,10 +233,11 @@ def test_lazy_run_equals_the_eager_run(overrides, lazy, tmp_path):
             "algorithm.team_rounds=2", "algorithm.local_steps=3", "runtime=inprocess", *overrides)
     results = []
     for value in (True, False):
-        lazy(value)
+        node_module._federation.cache_clear()
         run_dir = tmp_path / f"lazy-{value}"
-        run(compose_cfg(*base), run_dir)
-        assert isinstance(federation_for(compose_cfg(*base)).devices, federation.LazyDevices) == value
+        cfg = (*base, f"dataset.lazy={str(value).lower()}")
+        run(compose_cfg(*cfg), run_dir)
+        assert isinstance(federation_for(compose_cfg(*cfg)).devices, federation.LazyDevices) == value
         results.append(run_files(run_dir))
     (rows_a, model_a, states_a), (rows_b, model_b, states_b) = results
     assert rows_a == rows_b and len(rows_a) == 2
@@ -245,3 +246,15 @@ def test_lazy_run_equals_the_eager_run(overrides, lazy, tmp_path):
     for d, state in states_a.items():
         assert sorted(state) == sorted(states_b[d])
         assert all(np.array_equal(state[k], states_b[d][k]) for k in state), d
+
+
+def test_dataset_lazy_and_cache_mb_are_config_keys(tmp_path):
+    node_module._federation.cache_clear()
+    eager = federation_for(compose_cfg("dataset.lazy=false"))
+    lazy = federation_for(compose_cfg("dataset.cache_mb=0"))
+    assert isinstance(eager.devices, list) and isinstance(lazy.devices, federation.LazyDevices)
+    assert lazy.devices._budget == 0
+    assert_same_device(lazy.devices[3], eager.devices[3])
+    with pytest.raises(ConfigError, match="dataset.lazy"):
+        build_federation({"name": "synthetic", "lazy": "yes"}, TOPO, 0)
+    node_module._federation.cache_clear()

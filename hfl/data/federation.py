@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import operator
-import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,15 +43,14 @@ from hfl.seed import derive_seed, rng
 from hfl.tree import Tree
 
 GENERATED = ("synthetic", "synthetic_multilevel")  # made from the seed, nothing on disk
-# Generated data with partition=natural (and no proxy pool): devices made when asked for. The
-# environment's HFL_LAZY_DEVICES=0 builds them all up front instead (benchmarks/scale.py's
-# reference). Both are read at import, so Ray workers started from the driver's environment agree.
-LAZY_DEVICES: bool = os.environ.get("HFL_LAZY_DEVICES", "1") != "0"
+# Generated data with partition=natural (and no proxy pool): devices made when asked for
+# (``dataset.lazy``, default true; false builds them all up front, benchmarks/scale.py's reference).
+LAZY_DEVICES = True
 # Making a device costs ~1.5 ms (Synthetic); a lazy federation keeps the devices it made while
-# their tensors fit this budget (per process), so a federation that fits (3,500 Synthetic devices
-# are ~365 MiB) is made once per process, as eagerly, and a larger one stays bounded (100,000 are
-# ~10 GiB). HFL_LAZY_CACHE_MB=0: keep none but the last few.
-LAZY_CACHE_BYTES: int = int(float(os.environ.get("HFL_LAZY_CACHE_MB", "512")) * 2**20)
+# their tensors fit this budget (per process, ``dataset.cache_mb``), so a federation that fits
+# (3,500 Synthetic devices are ~365 MiB) is made once per process, as eagerly, and a larger one
+# stays bounded (100,000 are ~10 GiB). 0: keep none but the last few.
+LAZY_CACHE_BYTES = 512 * 2**20
 LAZY_RECENT = 4  # the last devices asked for, kept whatever the budget (a node asks one twice in a row)
 DATASETS = (*GENERATED, *vision.SPECS)
 PARTITIONS = ("classes", "clusterwise", "dirichlet", "iid", "multilevel", "natural", "roundrobin")
@@ -364,7 +362,10 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
     if name in GENERATED:
         source, input_shape, num_classes = _synthetic_source(dataset_cfg, num_devices, seed)
         # A device's natural share is its own generated data: nothing needs the pool.
-        lazy = LAZY_DEVICES and partition == "natural" and proxy_fraction == 0
+        lazy = _get(dataset_cfg, "lazy", LAZY_DEVICES)
+        if not isinstance(lazy, bool):
+            raise ConfigError("dataset.lazy", f"must be true or false, got {lazy!r}")
+        lazy = lazy and partition == "natural" and proxy_fraction == 0
         if not lazy:
             x, y, natural, to_float = _pool(source, num_devices)
     else:
@@ -421,7 +422,10 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
 
     if lazy:
         check_natural_sizes(source, num_devices, train_fraction, val_fraction, seed, name)
-        devices: Sequence[DeviceData] = LazyDevices(num_devices, NaturalDevice(source, train_fraction, val_fraction, seed))
+        cache = _get(dataset_cfg, "cache_mb", None)
+        cache_bytes = None if cache is None else int(check_number("dataset.cache_mb", cache, minimum=0) * 2**20)
+        devices: Sequence[DeviceData] = LazyDevices(num_devices, NaturalDevice(source, train_fraction, val_fraction, seed),
+                                                    cache_bytes)
         return Federation(name, tuple(input_shape), num_classes, devices, teams, tree, None, None, None, device_clusters)
 
     for d, idx in enumerate(parts):
