@@ -123,12 +123,18 @@ def test_batchnorm_with_a_cumulative_average_is_refused():
 
 
 # ---------------------------------------------------------------- evaluation
-def test_evaluation_uses_the_running_statistics_and_changes_nothing():
-    model = resnet(2)
+def trained_resnet(model_seed: int, data_seed: int, n: int, sampler_seed: int, steps: int):
+    """A ResNet-9, its trainer, n images, and its state after ``steps`` SGD steps on them."""
+    model = resnet(model_seed)
     trainer = LocalTrainer(copy.deepcopy(model))
-    x, y = images(40, seed=3)
-    trained, _ = run_local_steps(trainer, trainer.initial_params(), x, y, BatchSampler(40, 16, 0), 4,
+    x, y = images(n, seed=data_seed)
+    trained, _ = run_local_steps(trainer, trainer.initial_params(), x, y, BatchSampler(n, 16, sampler_seed), steps,
                                  lambda p, g: sgd_step(p, g, 0.2))
+    return model, trainer, x, y, trained
+
+
+def test_evaluation_uses_the_running_statistics_and_changes_nothing():
+    model, trainer, x, y, trained = trained_resnet(2, 3, 40, 0, 4)
     kept = [p.clone() for p in trained]
     loss_sum, correct, n = trainer.evaluate(trained, x, y, chunk=7)  # chunks: eval mode does not depend on them
     ref = load(copy.deepcopy(model), trainer, trained).eval()
@@ -143,12 +149,8 @@ def test_evaluation_uses_the_running_statistics_and_changes_nothing():
 
 # ---------------------------------------------------------------- FeMAM
 def test_femam_frozen_resnet_level_runs_in_eval_mode_and_keeps_its_statistics():
-    model = resnet(3)
-    trainer = LocalTrainer(copy.deepcopy(model))
-    x, y = images(46, seed=4)
     # a level-1 model with trained running statistics, frozen; level 2 starts from another model
-    level1, _ = run_local_steps(trainer, trainer.initial_params(), x, y, BatchSampler(46, 16, 1), 3,
-                                lambda p, g: sgd_step(p, g, 0.2))
+    model, trainer, x, y, level1 = trained_resnet(3, 4, 46, 1, 3)
     start = LocalTrainer(resnet(4)).initial_params()
     dev = DeviceRuntime(0, x[:30], y[:30], x[30:38], y[30:38], trainer, BatchSampler(30, 30, 1),
                         x_val=x[38:], y_val=y[38:])
