@@ -16,7 +16,7 @@ T = TypeVar("T")
 
 
 def sgd_step(params: Sequence[T], grad: Sequence[T], lr: float) -> list[T]:
-    """params <- params - lr * grad (hfl.batched.phase_update without an anchor computes the same)."""
+    """params <- params - lr * grad (hfl.batched.prox_update without an anchor computes the same)."""
     return [p - lr * g for p, g in zip(params, grad, strict=True)]
 
 

@@ -17,7 +17,7 @@ T = TypeVar("T")
 
 def device_step(theta: Sequence[T], grad: Sequence[T], anchor: Sequence[T], alpha: float, lam: float) -> list[T]:
     """theta <- theta - alpha * grad f(theta) - alpha * lam * (theta - w): one prox-SGD step toward w
-    (hfl.batched.phase_update computes the same expression)."""
+    (hfl.batched.prox_update computes the same expression)."""
     return [t - alpha * g - alpha * lam * (t - a) for t, g, a in zip(theta, grad, anchor, strict=True)]
 
 

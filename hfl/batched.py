@@ -45,6 +45,7 @@ from flwr.server.client_proxy import ClientProxy
 from torch.func import functional_call, grad_and_value, vmap
 
 from hfl.device import DeviceRuntime
+from hfl.inprocess import call_fit
 from hfl.models import MCLR
 from hfl.payload import LocalParameters
 from hfl.training import BatchSampler, LocalTrainer, Params, run_local_steps
@@ -86,9 +87,9 @@ class FitPlan:
     finish: Callable[[list[Params], list[float]], FitReply]
 
 
-def phase_update(phase: Phase) -> Callable[[Params, Params], Params]:
-    """The per-device update of a phase (the exact expressions the clients always used)."""
-    lr, prox, anchor = phase.lr, phase.prox, phase.anchor
+def prox_update(lr: float, prox: float, anchor: Params | None) -> Callable[[Params, Params], Params]:
+    """The per-device step ``t - lr*g - lr*prox*(t - anchor)`` (``t - lr*g`` without an anchor):
+    the exact expressions the clients always used."""
     if anchor is None:
         return lambda p, g: [t - lr * gr for t, gr in zip(p, g, strict=True)]
     return lambda p, g: [t - lr * gr - lr * prox * (t - a) for t, gr, a in zip(p, g, anchor, strict=True)]
@@ -99,12 +100,11 @@ def run_inner_steps(dev: DeviceRuntime, phase: Phase) -> tuple[Params, float]:
     if phase.anchor is None:
         raise ValueError("a phase with inner steps or a pull needs an anchor")
     theta, anchor = [p.clone() for p in phase.start], [p.clone() for p in phase.anchor]
-    update_of = lambda a: phase_update(Phase(phase.start, 0, phase.lr, a, phase.prox))  # noqa: E731
     losses = []
     for _ in range(phase.steps):
         idx = dev.sampler.next()
         x, y = dev.x_train.index_select(0, idx), dev.y_train.index_select(0, idx)
-        update = update_of(anchor)
+        update = prox_update(phase.lr, phase.prox, anchor)
         for _ in range(phase.inner_steps):
             loss, grad = dev.trainer.loss_and_grad(theta, x, y)
             theta = update(theta, grad)
@@ -121,7 +121,7 @@ def run_plan(dev: DeviceRuntime, plan: FitPlan) -> FitReply:
     for phase in plan.phases:
         if phase.inner_steps == 1 and phase.pull is None:
             params, loss = run_local_steps(dev.trainer, phase.start, dev.x_train, dev.y_train, dev.sampler,
-                                           phase.steps, phase_update(phase))
+                                           phase.steps, prox_update(phase.lr, phase.prox, phase.anchor))
         else:
             params, loss = run_inner_steps(dev, phase)
         models.append(params)
@@ -193,7 +193,7 @@ def batched_loss_and_grad(trainer: LocalTrainer) -> Callable:
 
 
 # ------------------------------------------------------------------ the batched path
-class DeviceData:
+class ConcatenatedData:
     """The training data of a node's devices, concatenated once on the compute device, with
     each device's offset into it."""
 
@@ -245,7 +245,7 @@ def stack(models: Sequence[Params], device: torch.device) -> Params:
     return [torch.stack([m[i] for m in models]).to(device) for i in range(len(models[0]))]
 
 
-def run_phase(trainer: LocalTrainer, data: DeviceData, devices: Sequence[DeviceRuntime],
+def run_phase(trainer: LocalTrainer, data: ConcatenatedData, devices: Sequence[DeviceRuntime],
               phases: Sequence[Phase], loss_and_grad: Callable) -> tuple[list[Params], list[float]]:
     """One phase of every device's plan, stepped together; returns each device's model and mean loss."""
     dev = data.device
@@ -290,7 +290,7 @@ def signature(plan: FitPlan) -> tuple[tuple[int, int, bool], ...]:
     return tuple((ph.steps, ph.inner_steps, ph.pull is not None) for ph in plan.phases)
 
 
-def run_plans(devices: Sequence[DeviceRuntime], plans: Sequence[FitPlan], data: DeviceData) -> list[FitReply]:
+def run_plans(devices: Sequence[DeviceRuntime], plans: Sequence[FitPlan], data: ConcatenatedData) -> list[FitReply]:
     """The batched path: the plans of ``devices`` (same architecture: one node's trainer), run
     phase by phase for all of them at once; each device's ``finish`` makes its reply."""
     if not devices:
@@ -328,13 +328,13 @@ class BatchedFit:
         self.clients = clients
         self.proxies = proxies
         self.device = device
-        self._data: DeviceData | None = None
+        self._data: ConcatenatedData | None = None
 
-    def data(self, devices: Sequence[DeviceRuntime]) -> DeviceData:
+    def data(self, devices: Sequence[DeviceRuntime]) -> ConcatenatedData:
         """The training data of ``devices``: made at the first fit and kept for the node's later
         rounds while they ask no device outside it (a sampled round asks others: made again)."""
         if self._data is None or any(d.device_id not in self._data.offset for d in devices):
-            self._data = DeviceData(devices, self.device)
+            self._data = ConcatenatedData(devices, self.device)
         return self._data
 
     def __call__(self, calls: Sequence[tuple[ClientProxy, FitIns]]) -> list[FitRes | BaseException]:
@@ -368,13 +368,6 @@ class BatchedFit:
             for (i, _, _), reply in zip(planned, replies, strict=True):
                 outcomes[i] = reply if isinstance(reply, BaseException) else fit_res(reply)
         return outcomes  # type: ignore[return-value]
-
-
-def call_fit(proxy: ClientProxy, ins: FitIns) -> FitRes | BaseException:
-    try:
-        return proxy.fit(ins, timeout=None, group_id=None)
-    except Exception as exc:  # noqa: BLE001 - counted as the child's failure by the caller
-        return exc
 
 
 def fit_res(reply: FitReply) -> FitRes:

@@ -7,13 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-from flwr.common import Code, EvaluateIns, EvaluateRes, Parameters, Status, parameters_to_ndarrays
+from flwr.common import Code, EvaluateRes, Parameters, Status, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from torch.func import functional_call, vmap
 
 from hfl.batched import DeviceClientLike, stack
+from hfl.aggregate import nbytes
 from hfl.device import DeviceRuntime
+from hfl.inprocess import evaluate_child
 from hfl.models import MCLR
 from hfl.training import LocalTrainer, Params
 
@@ -98,12 +100,9 @@ class BatchedEvaluate:
         replies: dict[str, EvaluateRes] = {}
         batch: list[tuple[str, DeviceRuntime, Params]] = []
         for proxy in children:
-            client = self.clients.get(proxy.cid)
-            if client is None or self.proxies.get(proxy.cid) is not proxy:
-                res = proxy.evaluate(EvaluateIns(parameters, dict(config)), timeout=None, group_id=None)
-                if res.status.code != Code.OK:
-                    raise RuntimeError(f"child {proxy.cid} failed to evaluate: {res.status.message}")
-                replies[proxy.cid] = res
+            client = self.clients.get(proxy.cid) if self.proxies.get(proxy.cid) is proxy else None
+            if client is None:
+                replies[proxy.cid] = evaluate_child(proxy, parameters, config)
                 continue
             batch.append((proxy.cid, client.device, client.model_to_test(decoded, dict(config))))
         if batch:
@@ -113,5 +112,4 @@ class BatchedEvaluate:
             for (cid, dev, _), (loss_sum, correct, n) in zip(batch, scores, strict=True):
                 replies[cid] = EvaluateRes(Status(Code.OK, "Success"), loss_sum / n, n,
                                            {"device_id": dev.device_id, "correct": correct})
-        sent = len(children) * sum(len(t) for t in parameters.tensors)
-        return [(p.cid, replies[p.cid]) for p in children], sent
+        return [(p.cid, replies[p.cid]) for p in children], len(children) * nbytes(parameters.tensors)

@@ -101,14 +101,10 @@ def unpack_states(packed: dict[str, np.ndarray]) -> dict[int, dict[str, np.ndarr
 
 
 def has_state(device: DeviceRuntime) -> bool:
-    """Whether it holds anything a fresh device does not (it drew a batch, keeps a model or more)."""
+    """Whether it holds anything a fresh device does not (it drew a batch, keeps a model or more);
+    a lowest node stores only such devices (hfl.node.NodeDevices.save), so a node of 1,000 devices
+    sampled at 1 % stays small."""
     return len(device.sampler.perm) > 0 or device.personal is not None or bool(device.extra)
-
-
-def save_devices(store: StateStore, key: str, devices: list[DeviceRuntime]) -> None:
-    """The state of a lowest node's devices in one stored file ``key``; devices never used are left
-    out (a fresh one is rebuilt the same), so a node of 1,000 devices sampled at 1 % stays small."""
-    store.save(key, pack_states({d.device_id: d.state() for d in devices if has_state(d)}))
 
 
 DEVICES_PREFIX = "devices-"  # hfl.node.devices_key: "devices-<lowest node's path>"
@@ -123,13 +119,3 @@ def stored_device_states(store: StateStore) -> dict[int, dict[str, np.ndarray]]:
             states.update(unpack_states(packed))
     return states
 
-
-def load_devices(store: StateStore, key: str, devices: list[DeviceRuntime]) -> None:
-    """Restore the devices ``save_devices`` stored under ``key`` (those it holds)."""
-    packed = store.load(key)
-    if packed is None:
-        return
-    states = unpack_states(packed)
-    for device in devices:
-        if device.device_id in states:
-            device.restore(states[device.device_id])

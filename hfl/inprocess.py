@@ -108,14 +108,16 @@ Sampler = Callable[[int, list[ClientProxy]], list[ClientProxy]]
 FitMany = Callable[[list[tuple[ClientProxy, FitIns]]], list[FitRes | BaseException]]
 
 
+def call_fit(proxy: ClientProxy, ins: FitIns) -> FitRes | BaseException:
+    """A child's FitRes, or the exception it raised (a dead child is counted, the round goes on)."""
+    try:
+        return proxy.fit(ins, timeout=None, group_id=None)
+    except Exception as exc:  # noqa: BLE001 - the caller counts it as the child's failure
+        return exc
+
+
 def fit_one_by_one(calls: list[tuple[ClientProxy, FitIns]]) -> list[FitRes | BaseException]:
-    outcomes: list[FitRes | BaseException] = []
-    for proxy, ins in calls:
-        try:
-            outcomes.append(proxy.fit(ins, timeout=None, group_id=None))
-        except Exception as exc:  # noqa: BLE001 - a dead child is counted, the round goes on
-            outcomes.append(exc)
-    return outcomes
+    return [call_fit(proxy, ins) for proxy, ins in calls]
 
 
 def run_fit_rounds(
@@ -186,12 +188,15 @@ def evaluate_children(
     manager: SimpleClientManager, parameters: Parameters, config: dict
 ) -> tuple[list[tuple[str, EvaluateRes]], int]:
     """Send one EvaluateIns to every child (sorted by cid); returns replies and bytes sent."""
-    replies, sent = [], 0
-    for proxy in sorted(manager.all().values(), key=lambda p: p.cid):
-        sent += nbytes(parameters.tensors)
-        res = proxy.evaluate(EvaluateIns(parameters, dict(config)), timeout=None, group_id=None)
-        if res.status.code != Code.OK:
-            raise RuntimeError(f"child {proxy.cid} failed to evaluate: {res.status.message}")
-        replies.append((proxy.cid, res))
-    return replies, sent
+    children = sorted(manager.all().values(), key=lambda p: p.cid)
+    return [(proxy.cid, evaluate_child(proxy, parameters, config)) for proxy in children], \
+        len(children) * nbytes(parameters.tensors)
+
+
+def evaluate_child(proxy: ClientProxy, parameters: Parameters, config: dict) -> EvaluateRes:
+    """One child's evaluation; a reply that is not OK raises (evaluation is never dropped)."""
+    res = proxy.evaluate(EvaluateIns(parameters, dict(config)), timeout=None, group_id=None)
+    if res.status.code != Code.OK:
+        raise RuntimeError(f"child {proxy.cid} failed to evaluate: {res.status.message}")
+    return res
 

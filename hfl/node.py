@@ -17,7 +17,7 @@ from flwr.common import NDArrays
 from clients.base import DeviceClient
 from hfl.batched import BatchedFit, batching_pays, resolve_device
 from hfl.batched_eval import BatchedEvaluate
-from hfl.config import batched_setting, load_module
+from hfl.config import batched_setting, check_model_buffers, load_module
 from hfl.data import DeviceData, Federation, build_federation
 from hfl.device import DEVICES_PREFIX, DeviceRuntime, has_state, pack_states, unpack_states
 from hfl.errors import ConfigError
@@ -87,7 +87,9 @@ def device_data(cfg: Mapping, fed: Federation, device_id: int) -> DeviceData:
 def initial_model(cfg: Mapping, fed: Federation) -> NDArrays:
     """The global model x^0, initialised from the run's seed."""
     torch.manual_seed(derive_seed(cfg["seed"], "init"))
-    return to_ndarrays(LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed))).initial_params())
+    trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed)))
+    check_model_buffers(cfg, trainer.has_buffers)  # the algorithm must carry its BatchNorm statistics
+    return to_ndarrays(trainer.initial_params())
 
 
 def devices_key(path: str) -> str:
@@ -154,7 +156,7 @@ class NodeDevices(Mapping[str, DeviceClient]):
 
     def save(self) -> None:
         """Every device state of the node in its one file: those built now as they are, the others
-        as stored (hfl.device.save_devices: a device never used is left out)."""
+        as stored; a device never used is left out (hfl.device.has_state)."""
         states = dict(self.stored())
         for device in self.built():
             if has_state(device):
@@ -270,6 +272,7 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
     store = StateStore(state_dir)
     level = level_of(path)
     strategy_module = load_module(alg, "strategy")
+    fit_many, evaluate_many = fit_one_by_one, evaluate_children
     if tree.is_lowest(path):
         client_module = load_module(alg, "client")
         trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed)))
@@ -299,8 +302,6 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
         def persist() -> None:
             pass
 
-    if not tree.is_lowest(path) or not uses_batched(cfg, trainer):
-        fit_many, evaluate_many = fit_one_by_one, evaluate_children
     if hasattr(strategy_module, "build_node_strategy"):
         def make_strategy(payload, state):  # noqa: ANN001, ANN202
             return strategy_module.build_node_strategy(alg, NodeContext(cfg, path, tree.depth, payload, state, fed))

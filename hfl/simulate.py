@@ -27,11 +27,10 @@ from hfl.apps import (
     rounds_left,
     run_meta,
 )
-from hfl.config import check_model_buffers, validate
+from hfl.config import validate
 from hfl.errors import ConfigError, DatasetNotFoundError
 from hfl.inprocess import InProcessClientProxy, client_manager_of
-from hfl.models import build_model
-from hfl.node import build_team_node, check_tree, federation_for, initial_model, model_classes
+from hfl.node import build_team_node, check_tree, federation_for, initial_model
 from hfl.recorder import Recorder
 from hfl.report import load_run
 from hfl.resume import Checkpoint, prepare, state_dir
@@ -162,10 +161,7 @@ def run(cfg: Mapping, run_dir: str | Path) -> dict:
                           "with `hfl-deploy submit` (see README, Deployment), not started by hfl-simulate")
     fed = federation_for(cfg)
     check_tree(cfg, fed.tree)
-    initial_model(cfg, fed)  # the model must fit the data before any process starts
-    # ...and the algorithm must carry its BatchNorm statistics, if it has any.
-    check_model_buffers(cfg, any(True for _ in build_model(cfg["model"], fed.input_shape,
-                                                           model_classes(cfg, fed)).buffers()))
+    initial_model(cfg, fed)  # the model must fit the data (and the algorithm) before any process starts
     start = prepare(cfg, run_dir)  # refuses a resumption of another config; rolls the state store back
     rounds = int(cfg["global_rounds"])
     if start is not None and start.round >= rounds:

@@ -207,12 +207,11 @@ def run_local_steps(
     running statistics BatchNorm computed in that step, whatever ``update`` made of them (a
     prox term or a mix would otherwise move them as if they were parameters)."""
     params = [p.clone() for p in start]
-    stateful = any(getattr(trainer, "buffer_mask", ()))  # test stubs carry no mask
     total = 0.0
     for _ in range(steps):
         idx = sampler.next()
         xb, yb = x.index_select(0, idx), y.index_select(0, idx)
-        if stateful:
+        if trainer.has_buffers:
             loss, grads, buffers = trainer.loss_grad_and_buffers(params, xb, yb)
             params = trainer.with_buffers(update(params, grads), buffers)
         else:

@@ -25,13 +25,11 @@ from flwr.common import NDArrays
 
 from hfl import nodeopt
 from hfl.aggregate import mean_of
-from hfl.config import check_model_buffers
 from hfl.errors import ConfigError
 from hfl.models import build_model
 from hfl.node import NodeContext, federation_for, model_classes
 from hfl.personal import check_keys, head_mask
 from hfl.sampling import sample_size
-from hfl.training import LocalTrainer
 from strategies.base import GlobalStrategy, TeamStrategy
 
 OPTIMIZERS = ("adam", "sgd")
@@ -127,7 +125,6 @@ def check_federation(cfg: Mapping[str, Any], fed) -> None:  # noqa: ANN001 - hfl
     if not (hasattr(model, "body") and hasattr(model, "head") and hasattr(model, "feature_dim")):
         raise ConfigError("model.name", f"PFLEGO needs a body and a linear head (model=mlp, pflego_cnn or conv4); "
                                         f"{cfg['model']['name']!r} has none")
-    check_model_buffers(cfg, LocalTrainer(model).has_buffers)  # ResNet-9: its BatchNorm statistics have no gradient
 
 
 def optimizer_spec(alg: Mapping[str, Any]) -> dict:

@@ -52,6 +52,8 @@ from tests.test_strategies import Proxy, _manager
 class Quadratic:
     """Stub LocalTrainer: f(w) = 0.5 * sum ||w_i - c_i||^2 on every batch."""
 
+    has_buffers = False  # no BatchNorm statistics (hfl.training.run_local_steps reads it)
+
     def __init__(self, centers, names=None) -> None:
         self.centers = [torch.tensor(c, dtype=torch.float32) for c in centers]
         self.names = names or [f"layer{i}.weight" for i in range(len(centers))]

@@ -17,7 +17,7 @@ from clients.base import DeviceClient
 from hfl import batched as batched_module
 from hfl.apps import CONF_DIR
 from hfl.batched import (
-    DeviceData,
+    ConcatenatedData,
     FitPlan,
     Phase,
     batched_loss_and_grad,
@@ -135,7 +135,7 @@ def test_batched_plans_equal_per_device_plans_and_leave_samplers_alike():
     one = [_device(i, n, 4, model=model) for i, n in enumerate([9, 17, 4])]
     many = [_device(i, n, 4, model=model) for i, n in enumerate([9, 17, 4])]
     want = [run_plan(d, p) for d, p in zip(one, _plans(one), strict=True)]
-    got = run_plans(many, _plans(many), DeviceData(many, torch.device("cpu")))
+    got = run_plans(many, _plans(many), ConcatenatedData(many, torch.device("cpu")))
     for (g_arrays, _, g_metrics), (w_arrays, _, w_metrics) in zip(got, want, strict=True):
         for g, w in zip(g_arrays, w_arrays, strict=True):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

@@ -94,6 +94,7 @@ def test_finetune_runs_whole_epochs_and_zero_epochs_is_the_global_model():
 
     class Counting:
         names = trainer.names
+        has_buffers = trainer.has_buffers
 
         def loss_and_grad(self, params, x, y):
             calls.append(len(y))

@@ -429,10 +429,7 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
         return Federation(name, tuple(input_shape), num_classes, devices, teams, tree, None, None, None, device_clusters)
 
     for d, idx in enumerate(parts):
-        if len(idx) < 2:  # one train + one test sample at least
-            raise ConfigError(
-                too_small_key, f"device {d} gets {len(idx)} samples ({name}, {partition} partition); it needs at least 2"
-            )
+        refuse_too_few(too_small_key, d, len(idx), name, partition)
     proxy_x = proxy_y = None
     if proxy_fraction > 0:
         # A seeded IID slice of the pool that no device holds (taken out before the train/test split).
@@ -485,6 +482,12 @@ class NaturalDevice:
         return split_device(d, x, y, np.arange(len(y)), self.train_fraction, self.val_fraction, self.seed, _same)
 
 
+def refuse_too_few(key: str, d: int, n: int, name: str, partition: str) -> None:
+    """A device needs one train and one test sample at least."""
+    if n < 2:
+        raise ConfigError(key, f"device {d} gets {n} samples ({name}, {partition} partition); it needs at least 2")
+
+
 def _split_fits(n: int, train_fraction: float, val_fraction: float) -> bool:
     """Whether a device of ``n`` samples keeps a training sample after its splits (it depends on n alone)."""
     try:
@@ -505,9 +508,7 @@ def check_natural_sizes(source: DeviceSource, num_devices: int, train_fraction: 
         return
     sizes = [source.num_samples(d) for d in range(num_devices)]
     for d, n in enumerate(sizes):
-        if n < 2:
-            raise ConfigError("dataset.min_samples",
-                              f"device {d} gets {n} samples ({name}, natural partition); it needs at least 2")
+        refuse_too_few("dataset.min_samples", d, n, name, "natural")
     fits = {n: _split_fits(n, train_fraction, val_fraction) for n in set(sizes)}
     for d, n in enumerate(sizes):
         if not fits[n]:
