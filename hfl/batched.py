@@ -46,6 +46,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from hfl.device import DeviceRuntime
 from hfl.inprocess import call_fit
+from hfl.mclr_dual import DualData, dual_pays, make_dual_data, run_dual_steps, weighted_nll_grad
 from hfl.models import MCLR
 from hfl.payload import LocalParameters
 from hfl.training import BatchSampler, LocalTrainer, Params, run_local_steps
@@ -159,12 +160,7 @@ def mclr_batched_loss_and_grad(params: Params, x: torch.Tensor, y: torch.Tensor,
     weight, bias = params
     x = x.flatten(2)
     # Logits transposed, [D, C, B]: W @ x^T runs ~2x faster on CPU than x @ W^T (N = C is tiny).
-    logp = torch.log_softmax(torch.baddbmm(bias.unsqueeze(2), weight, x.transpose(1, 2)), dim=1)
-    picked = logp.gather(1, y.unsqueeze(1)).squeeze(1)
-    loss = -(w * picked).sum(1)
-    g = logp.exp_()
-    g.scatter_add_(1, y.unsqueeze(1), torch.full_like(picked, -1.0).unsqueeze(1))
-    g.mul_(w.unsqueeze(1))
+    g, loss = weighted_nll_grad(torch.baddbmm(bias.unsqueeze(2), weight, x.transpose(1, 2)), y, w)
     return loss, [torch.bmm(g, x), g.sum(2)]
 
 
@@ -203,6 +199,19 @@ class ConcatenatedData:
         self.y = torch.cat([d.y_train for d in devices]).to(device)
         sizes = [len(d.y_train) for d in devices]
         self.offset = {d.device_id: sum(sizes[:i]) for i, d in enumerate(devices)}
+        self.size = {d.device_id: n for d, n in zip(devices, sizes, strict=True)}
+        self._dual: dict[tuple[int, ...], DualData] = {}
+
+    def dual(self, devices: Sequence[DeviceRuntime]) -> DualData | None:
+        """MCLR's dual-form data of ``devices`` (hfl.mclr_dual) when it pays, kept for later
+        phases of the same group; None when the primal step is cheaper."""
+        key = tuple(d.device_id for d in devices)
+        if key not in self._dual:
+            sizes = [self.size[i] for i in key]
+            if not dual_pays(sizes, self.x[0].numel()):
+                return None
+            self._dual[key] = make_dual_data([d.x_train for d in devices], self.device)
+        return self._dual[key]
 
 
 def take_batches(sampler: BatchSampler, steps: int) -> torch.Tensor | list[torch.Tensor]:
@@ -247,7 +256,8 @@ def stack(models: Sequence[Params], device: torch.device) -> Params:
 
 def run_phase(trainer: LocalTrainer, data: ConcatenatedData, devices: Sequence[DeviceRuntime],
               phases: Sequence[Phase], loss_and_grad: Callable) -> tuple[list[Params], list[float]]:
-    """One phase of every device's plan, stepped together; returns each device's model and mean loss."""
+    """One phase of every device's plan, stepped together; returns each device's model and mean
+    loss. MCLR on devices with fewer samples than features steps in the dual form (hfl.mclr_dual)."""
     dev = data.device
     steps = phases[0].steps
     if steps == 0:
@@ -264,6 +274,16 @@ def run_phase(trainer: LocalTrainer, data: ConcatenatedData, devices: Sequence[D
     pulled = phases[0].pull is not None  # the same for every phase run together (signature)
     if pulled:
         pull = torch.tensor([ph.pull for ph in phases], device=dev)
+    dual = data.dual(devices) if loss_and_grad is mclr_batched_loss_and_grad else None
+    if dual is not None:
+        offsets = torch.tensor([data.offset[d.device_id] for d in devices], device=dev).view(1, -1, 1)
+        labels = data.y.index_select(0, index.reshape(-1)).view(index.shape)
+        theta, moved, total = run_dual_steps(dual, theta, anchor if anchored else None, index - offsets, weight,
+                                             labels, lr, lr_prox if anchored else None, pull if pulled else None,
+                                             phases[0].inner_steps)
+        if pulled:
+            anchor = moved
+        return _per_device(phases, theta, anchor if pulled else None, total, steps)
     total = torch.zeros(len(phases), device=dev)
     for s in range(steps):
         rows = index[s].reshape(-1)
@@ -278,10 +298,16 @@ def run_phase(trainer: LocalTrainer, data: ConcatenatedData, devices: Sequence[D
         if pulled:
             anchor = [(1.0 - per(pull, a)) * a + per(pull, a) * t for a, t in zip(anchor, theta, strict=True)]
         total += loss.detach()
-    if pulled:
-        for ph, moved in zip(phases, zip(*(a.cpu().unbind(0) for a in anchor), strict=True), strict=True):
-            ph.moved_anchor = list(moved)
-    per_device = zip(*(t.cpu().unbind(0) for t in theta), strict=True)  # one op per tensor, not per device
+    return _per_device(phases, theta, anchor if pulled else None, total, steps)
+
+
+def _per_device(phases: Sequence[Phase], theta: Params, moved: Params | None, total: torch.Tensor,
+                steps: int) -> tuple[list[Params], list[float]]:
+    """Stacked results back to each device (one op per tensor, not per device), on the host."""
+    if moved is not None:
+        for ph, anchor in zip(phases, zip(*(a.cpu().unbind(0) for a in moved), strict=True), strict=True):
+            ph.moved_anchor = list(anchor)
+    per_device = zip(*(t.cpu().unbind(0) for t in theta), strict=True)
     return [list(models) for models in per_device], (total / steps).cpu().tolist()
 
 

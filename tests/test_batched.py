@@ -213,6 +213,11 @@ def test_batched_run_equals_per_device_run(tmp_path, monkeypatch, name):
     assert not stepped
     on = _run(tmp_path, name, "on", extra)
     assert stepped and max(stepped) >= 2
+    assert_same_run(on, off)
+
+
+def assert_same_run(on: Path, off: Path) -> None:
+    """Two runs' final global models agree within float tolerance and every metrics row matches."""
     with np.load(on / "checkpoints" / "global_model.npz") as a, np.load(off / "checkpoints" / "global_model.npz") as b:
         assert a.files == b.files
         for key in a.files:
