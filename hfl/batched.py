@@ -44,9 +44,10 @@ from flwr.common import (
 from flwr.server.client_proxy import ClientProxy
 from torch.func import functional_call, grad_and_value, vmap
 
+from hfl.closed_forms import closed_form, mclr_batched_loss_and_grad
 from hfl.device import DeviceRuntime
 from hfl.inprocess import call_fit
-from hfl.mclr_dual import DualData, dual_pays, make_dual_data, run_dual_steps, weighted_nll_grad
+from hfl.mclr_dual import DualData, dual_pays, make_dual_data, run_dual_steps
 from hfl.models import MCLR
 from hfl.payload import LocalParameters
 from hfl.training import BatchSampler, LocalTrainer, Params, run_local_steps
@@ -138,32 +139,22 @@ def resolve_device(setting: str) -> torch.device:
     return torch.device(setting)
 
 
-# Measured on 2 CPU cores (README "Speed"): batched MCLR (closed form) and the synthetic DNN
-# (1,430 parameters) run 1.5-2.5x faster than one by one; vmap over MNIST's MLP (159,010) ran 1.5x
-# and over its CNN 3.5x slower. On a GPU the batched path is the point.
+# Measured on 2 CPU cores (README "Speed"): batched MCLR and the synthetic DNN (1,430 parameters;
+# both closed forms, hfl.closed_forms) run 1.5-2.7x faster than one by one; MNIST's MLP (159,010)
+# ran 1.1x slower batched, even in closed form (13.4 vs 11.7 s per PerMFL round), and vmap over
+# its CNN 3.5x slower. On a GPU the batched path is the point.
 CPU_VMAP_MAX_PARAMETERS = 50_000
 
 
 def batching_pays(model: torch.nn.Module, device: torch.device) -> bool:
-    """runtime.batched=auto's choice: on a GPU always; on the CPU for MCLR (closed form) and for
-    small models, where one device's step is mostly Python overhead."""
+    """runtime.batched=auto's choice: on a GPU always; on the CPU for MCLR (whose step is cheap
+    at any input size) and for small models, where one device's step is mostly Python overhead."""
     if device.type != "cpu" or type(model) is MCLR:
         return True
     return sum(p.numel() for p in model.parameters()) <= CPU_VMAP_MAX_PARAMETERS
 
 
 # ------------------------------------------------------------------ stacked gradients
-def mclr_batched_loss_and_grad(params: Params, x: torch.Tensor, y: torch.Tensor,
-                               w: torch.Tensor) -> tuple[torch.Tensor, Params]:
-    """MCLR's weighted NLL per device and its exact gradient, for stacked parameters
-    (``[D, C, F]``, ``[D, C]``), inputs ``[D, B, ...]``, labels and weights ``[D, B]``."""
-    weight, bias = params
-    x = x.flatten(2)
-    # Logits transposed, [D, C, B]: W @ x^T runs ~2x faster on CPU than x @ W^T (N = C is tiny).
-    g, loss = weighted_nll_grad(torch.baddbmm(bias.unsqueeze(2), weight, x.transpose(1, 2)), y, w)
-    return loss, [torch.bmm(g, x), g.sum(2)]
-
-
 def functional_batched_loss_and_grad(trainer: LocalTrainer) -> Callable:
     """vmap over devices of grad_and_value of one device's weighted NLL (any model without buffers)."""
     names = trainer.names
@@ -183,9 +174,8 @@ def functional_batched_loss_and_grad(trainer: LocalTrainer) -> Callable:
 
 
 def batched_loss_and_grad(trainer: LocalTrainer) -> Callable:
-    if type(trainer.model) is MCLR:
-        return mclr_batched_loss_and_grad
-    return functional_batched_loss_and_grad(trainer)
+    """A closed form where the architecture has one (hfl.closed_forms), else vmap over autograd."""
+    return closed_form(trainer.model) or functional_batched_loss_and_grad(trainer)
 
 
 # ------------------------------------------------------------------ the batched path

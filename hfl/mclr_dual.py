@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hfl.closed_forms import weighted_nll_grad
+
 
 @dataclass
 class DualData:
@@ -141,18 +143,6 @@ def _batch_logits(x: torch.Tensor, w: torch.Tensor, local: torch.Tensor) -> torc
     all_rows = torch.bmm(w, x.transpose(1, 2))
     at = local.permute(1, 0, 2).reshape(devices, 1, -1).expand(-1, w.shape[1], -1)
     return all_rows.gather(2, at).view(devices, w.shape[1], steps, batch).permute(2, 0, 1, 3)
-
-
-def weighted_nll_grad(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """For logits ``[D, C, B]`` (devices, classes, batch): the gradient of each device's weighted
-    NLL ``-sum_b w_b log softmax(logits)[y_b]`` wrt the logits, ``w * (softmax - onehot(y))``, and
-    the loss ``[D]``."""
-    logp = torch.log_softmax(logits, dim=1)
-    picked = logp.gather(1, y.unsqueeze(1)).squeeze(1)
-    loss = -(w * picked).sum(1)
-    g = logp.exp_()
-    g.scatter_add_(1, y.unsqueeze(1), torch.full_like(picked, -1.0).unsqueeze(1))
-    return g.mul_(w.unsqueeze(1)), loss
 
 
 def _rebuild(x: torch.Tensor, w0: torch.Tensor, a0: torch.Tensor | None, u: torch.Tensor, v: torch.Tensor,

@@ -22,15 +22,17 @@ from hfl.batched import (
     Phase,
     batched_loss_and_grad,
     draw_batches,
+    functional_batched_loss_and_grad,
     run_plan,
     run_plans,
     take_batches,
 )
 from hfl.batched_eval import evaluate_models
+from hfl.closed_forms import closed_form
 from hfl.config import load_module
 from hfl.device import DeviceRuntime, pack_states, unpack_states
 from hfl.errors import ConfigError
-from hfl.models import CNN, DNN, MCLR, mclr_loss_and_grad
+from hfl.models import CNN, DNN, MCLR, MLP, mclr_loss_and_grad
 from hfl.simulate import run
 from hfl.training import BatchSampler, LocalTrainer
 from tests.conftest import SMALL, compose_cfg
@@ -79,16 +81,23 @@ def _weights(batch: int, lengths: list[int]) -> torch.Tensor:
     return w
 
 
-@pytest.mark.parametrize("model", [MCLR((6,), 3), DNN((6,), 3, hidden=5), CNN((1, 6, 6), 3, hidden=4)],
-                         ids=["mclr-closed-form", "dnn-vmap", "cnn-vmap"])
-def test_stacked_gradients_equal_each_devices_own(model):
+@pytest.mark.parametrize(("model", "path"), [
+    (MCLR((6,), 3), "closed"), (DNN((6,), 3, hidden=5), "closed"), (MLP((1, 2, 3), 3, hidden=5), "closed"),
+    (DNN((6,), 3, hidden=5), "vmap"), (CNN((1, 6, 6), 3, hidden=4), "vmap")],
+    ids=["mclr-closed-form", "dnn-closed-form", "mlp-closed-form", "dnn-vmap", "cnn-vmap"])
+def test_stacked_gradients_equal_each_devices_own(model, path):
     torch.manual_seed(0)
     trainer = LocalTrainer(model)
-    shape = (1, 6, 6) if isinstance(model, CNN) else (6,)
+    assert (closed_form(model) is None) == isinstance(model, CNN)  # the CNN has no closed form
+    shape = {CNN: (1, 6, 6), MLP: (1, 2, 3)}.get(type(model), (6,))
     lengths, batch = [5, 3, 5], 5
     params = [[p + 0.1 * torch.randn_like(p) for p in trainer.initial_params()] for _ in lengths]
     x, y = torch.randn(len(lengths), batch, *shape), torch.randint(0, 3, (len(lengths), batch))
-    loss, grads = batched_loss_and_grad(trainer)([torch.stack(t) for t in zip(*params)], x, y, _weights(batch, lengths))
+    if isinstance(model, DNN | MLP):  # some hidden units at exactly 0: ReLU's derivative there is 0
+        params[0][1][:2] = 0.0
+        params[0][0][:2] = 0.0
+    stepper = batched_loss_and_grad(trainer) if path == "closed" else functional_batched_loss_and_grad(trainer)
+    loss, grads = stepper([torch.stack(t) for t in zip(*params)], x, y, _weights(batch, lengths))
     for d, n in enumerate(lengths):
         want_loss, want = trainer.loss_and_grad(params[d], x[d, :n], y[d, :n])
         torch.testing.assert_close(loss[d], want_loss, rtol=1e-5, atol=1e-6)

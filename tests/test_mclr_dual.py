@@ -135,7 +135,7 @@ def test_dual_run_equals_per_device_run(tmp_path, monkeypatch, name):
 
 
 def test_weighted_nll_gradient_by_hand():
-    from hfl.mclr_dual import weighted_nll_grad
+    from hfl.closed_forms import weighted_nll_grad
 
     # one device, two classes, two samples: equal logits (p = 1/2 each), then logits (ln 3, 0) (p = 3/4, 1/4)
     logits = torch.tensor([[[0.0, float(np.log(3.0))], [0.0, 0.0]]])  # [D=1, C=2, B=2]
