@@ -11,7 +11,8 @@ when PM is tested (the papers evaluate Per-FedAvg so).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -19,6 +20,7 @@ from flwr.common import NDArrays, Scalar
 
 from clients.base import DeviceClient
 from clients.fedavg import sgd_step
+from hfl.batched import draw_batches, run_in_groups, stack
 from hfl.device import DeviceRuntime
 from hfl.errors import ConfigError
 from hfl.personal import check_keys, fit_reply
@@ -44,6 +46,61 @@ def hf_direction(grad_tmp: Sequence[T], hvp: Sequence[T], alpha: float) -> list[
     return [g - alpha * h for g, h in zip(grad_tmp, hvp, strict=True)]
 
 
+@dataclass
+class MetaPlan:
+    """One device's Per-FedAvg fit, for hfl.batched to step a node's devices together
+    (``run_together``); ``PerFedAvgClient.fit`` is the same work one device at a time."""
+
+    device: DeviceRuntime
+    start: Params
+    steps: int
+    alpha: float
+    beta: float
+    variant: str
+    delta: float
+
+    def key(self) -> tuple[int, float, float, str, float]:
+        return self.steps, self.alpha, self.beta, self.variant, self.delta
+
+    @classmethod
+    def run_together(cls, devices: Sequence[DeviceRuntime], plans: Sequence[MetaPlan], data: Any,
+                     loss_and_grad: Callable) -> list[tuple[NDArrays, int, dict[str, Scalar]]]:
+        return run_in_groups(plans, cls.key, lambda group: _run_group(group, data, loss_and_grad))
+
+
+def _run_group(plans: Sequence[MetaPlan], data: Any, loss_and_grad: Callable) -> list[tuple[NDArrays, int, dict[str, Scalar]]]:
+    """Meta-steps of devices with the same settings, stacked; each takes 2 (FO) or 3 (HF)
+    consecutive minibatches of its sampler per step, as ``PerFedAvgClient.meta_step`` does."""
+    first, devices = plans[0], [p.device for p in plans]
+    per_step = 3 if first.variant == "hf" else 2
+    index, weight = draw_batches(devices, [data.offset[d.device_id] for d in devices], per_step * first.steps,
+                                 max(d.sampler.batch_size for d in devices))
+    index, weight = index.to(data.device), weight.to(data.device)
+
+    def grad(params: Params, b: int) -> tuple[torch.Tensor, Params]:
+        rows = index[b].reshape(-1)
+        x = data.x.index_select(0, rows).view(len(plans), -1, *data.x.shape[1:])
+        return loss_and_grad(params, x, data.y.index_select(0, rows).view(len(plans), -1), weight[b])
+
+    w = stack([p.start for p in plans], data.device)
+    total = torch.zeros(len(plans), device=data.device)
+    for s in range(first.steps):
+        loss, g = grad(w, per_step * s)
+        _, g_tmp = grad(sgd_step(w, g, first.alpha), per_step * s + 1)
+        if first.variant == "hf":
+            _, g_plus = grad(sgd_step(w, g_tmp, -first.delta), per_step * s + 2)
+            _, g_minus = grad(sgd_step(w, g_tmp, first.delta), per_step * s + 2)
+            g_tmp = hf_direction(g_tmp, hessian_vector_product(g_plus, g_minus, first.delta), first.alpha)
+        w = sgd_step(w, g_tmp, first.beta)
+        total += loss
+    losses = (total / max(first.steps, 1)).cpu().tolist()
+    replies = []
+    for plan, w_d, loss_d in zip(plans, zip(*(t.cpu().unbind(0) for t in w), strict=True), losses, strict=True):
+        plan.device.personal = [*plan.start, torch.tensor(plan.alpha)]
+        replies.append(fit_reply(plan.device, list(w_d), loss_d))
+    return replies
+
+
 class PerFedAvgClient(DeviceClient):
     """``dev.personal`` holds [the latest global model the device saw..., alpha]: the model sent
     for training, replaced by the one sent for GM evaluation (which the team runs before PM), so
@@ -64,6 +121,10 @@ class PerFedAvgClient(DeviceClient):
             _, g_minus = self._grad(sgd_step(w, g_tmp, delta), idx)
             g_tmp = hf_direction(g_tmp, hessian_vector_product(g_plus, g_minus, delta), alpha)
         return sgd_step(w, g_tmp, beta), float(loss)
+
+    def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> MetaPlan:
+        return MetaPlan(self.device, to_tensors(parameters), int(config["local_steps"]), float(config["alpha"]),
+                        float(config["beta"]), str(config["variant"]), float(config["delta"]))
 
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         dev = self.device

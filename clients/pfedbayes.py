@@ -12,7 +12,8 @@ v goes back to be averaged. Models are tested at their means (mu).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from flwr.common import NDArrays, Scalar
 
 from clients.base import DeviceClient
+from hfl.batched import pad_batches, per, run_in_groups, stack
 from hfl.device import DeviceRuntime
 from hfl.personal import check_keys, fit_reply
 from hfl.training import Params, to_tensors
@@ -80,7 +82,92 @@ def prior_step(mu: Params, rho: Params, kl_mu: Params, kl_rho: Params, lr: float
             [r - lr * kl_weight * k for r, k in zip(rho, kl_rho, strict=True)])
 
 
+@dataclass
+class BayesPlan:
+    """One device's pFedBayes fit, for hfl.batched to step a node's devices together
+    (``run_together``); ``PFedBayesClient.fit`` is the same work one device at a time."""
+
+    device: DeviceRuntime
+    q: Params  # [mu..., rho...] of the personal distribution
+    v: Params  # the localized global distribution
+    steps: int
+    personal_steps: int
+    personal_lr: float
+    lr: float
+    noise_scale: float
+    kl_weight: float
+
+    def key(self) -> tuple[int, int, float, float]:
+        return self.steps, self.personal_steps, self.personal_lr, self.lr
+
+    @classmethod
+    def run_together(cls, devices: Sequence[DeviceRuntime], plans: Sequence[BayesPlan], data: Any,
+                     loss_and_grad: Callable) -> list[tuple[NDArrays, int, dict[str, Scalar]]]:
+        return run_in_groups(plans, cls.key, lambda group: _run_group(group, data, loss_and_grad))
+
+
+def _draws(plan: BayesPlan) -> tuple[list[torch.Tensor], list[list[Params]]]:
+    """The device's minibatches and noise, drawn in the order its own ``fit`` draws them (the
+    sampler reshuffles from the same generator)."""
+    dev, rows, eps = plan.device, [], []
+    for _ in range(plan.steps):
+        rows.append(dev.sampler.next())
+        eps.append([[plan.noise_scale * torch.randn(m.shape, generator=dev.sampler.generator) for m in split(plan.q)[0]]
+                    for _ in range(plan.personal_steps)])
+    return rows, eps
+
+
+def _run_group(plans: Sequence[BayesPlan], data: Any, loss_and_grad: Callable) -> list[tuple[NDArrays, int, dict[str, Scalar]]]:
+    """pFedBayes's local iterations for devices with the same step counts and rates, stacked."""
+    devices = [p.device for p in plans]
+    draws = [_draws(p) for p in plans]
+    index, weight = pad_batches([rows for rows, _ in draws], [data.offset[d.device_id] for d in devices],
+                                max(d.sampler.batch_size for d in devices))
+    dev = data.device
+    index, weight = index.to(dev), weight.to(dev)
+    mu_q, rho_q = split(stack([p.q for p in plans], dev))
+    mu_v, rho_v = split(stack([p.v for p in plans], dev))
+    kl_weight = torch.tensor([p.kl_weight for p in plans], device=dev)
+    prior_rate = torch.tensor([p.lr * p.kl_weight for p in plans], device=dev)  # as fit's lr * kl_weight
+    first = plans[0]
+    total = torch.zeros(len(plans), device=dev)
+    for s in range(first.steps):
+        rows = index[s].reshape(-1)
+        x = data.x.index_select(0, rows).view(len(plans), -1, *data.x.shape[1:])
+        y = data.y.index_select(0, rows).view(len(plans), -1)
+        for k in range(first.personal_steps):
+            eps = [torch.stack([draw[1][s][k][j] for draw in draws]).to(dev) for j in range(len(mu_q))]
+            loss, grad_w = loss_and_grad(sample_weights(mu_q, rho_q, eps), x, y, weight[s])
+            g_mq, g_rq, _, _ = kl_grads(mu_q, rho_q, mu_v, rho_v)
+            # zeta / n differs between devices: folded into the KL gradients, weight 1 below
+            mu_q, rho_q = personal_step(mu_q, rho_q, grad_w, eps, _scaled(kl_weight, g_mq), _scaled(kl_weight, g_rq),
+                                        first.personal_lr, 1.0)
+        total += loss
+        _, _, g_mv, g_rv = kl_grads(mu_q, rho_q, mu_v, rho_v)
+        mu_v, rho_v = prior_step(mu_v, rho_v, _scaled(prior_rate, g_mv), _scaled(prior_rate, g_rv), 1.0, 1.0)
+    q = zip(*(t.cpu().unbind(0) for t in [*mu_q, *rho_q]), strict=True)
+    v = zip(*(t.cpu().unbind(0) for t in [*mu_v, *rho_v]), strict=True)
+    losses = (total / max(first.steps, 1)).cpu().tolist()
+    replies = []
+    for plan, q_d, v_d, loss_d in zip(plans, q, v, losses, strict=True):
+        plan.device.personal = list(q_d)
+        replies.append(fit_reply(plan.device, list(v_d), loss_d))
+    return replies
+
+
+def _scaled(values: torch.Tensor, grads: Params) -> Params:
+    return [per(values, g) * g for g in grads]
+
+
 class PFedBayesClient(DeviceClient):
+    def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> BayesPlan:
+        dev = self.device
+        v = to_tensors(parameters)
+        q = list(dev.personal) if dev.personal is not None else list(v)
+        return BayesPlan(dev, q, v, int(config["local_steps"]), int(config["personal_steps"]),
+                         float(config["personal_lr"]), float(config["alpha"]), float(config["noise_scale"]),
+                         float(config["zeta"]) / len(dev.y_train))
+
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         dev = self.device
         mu_v, rho_v = split(to_tensors(parameters))

@@ -26,9 +26,9 @@ the host once per phase.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -53,12 +53,13 @@ from hfl.payload import LocalParameters
 from hfl.training import BatchSampler, LocalTrainer, Params, run_local_steps
 
 FitReply = tuple[NDArrays, int, dict[str, Scalar]]
+P = TypeVar("P")
 
 
 class DeviceClientLike(Protocol):  # clients.base.DeviceClient (which imports this module)
     device: DeviceRuntime
 
-    def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan | None: ...
+    def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan | GroupPlan | None: ...
 
     def model_to_test(self, parameters: NDArrays, config: dict[str, Scalar]) -> Params: ...
 
@@ -87,6 +88,29 @@ class FitPlan:
 
     phases: list[Phase]
     finish: Callable[[list[Params], list[float]], FitReply]
+
+
+class GroupPlan(Protocol):
+    """A fit whose local work is not phases of prox-SGD (pFedBayes samples weights from a
+    posterior), stepped together for a group of devices by its class's ``run_together``: the
+    same replies, in order, as each device's own ``fit``, within float tolerance."""
+
+    @classmethod
+    def run_together(cls, devices: Sequence[DeviceRuntime], plans: Sequence[GroupPlan], data: ConcatenatedData,
+                     loss_and_grad: Callable) -> list[FitReply]: ...
+
+
+def run_in_groups(plans: Sequence[P], key: Callable[[P], Hashable],
+                  run_group: Callable[[list[P]], list[FitReply]]) -> list[FitReply]:
+    """``run_group`` on the plans of each ``key`` (those that can step together); replies in order."""
+    groups: dict[Hashable, list[int]] = {}
+    for i, plan in enumerate(plans):
+        groups.setdefault(key(plan), []).append(i)
+    replies: list[FitReply | None] = [None] * len(plans)
+    for members in groups.values():
+        for i, reply in zip(members, run_group([plans[i] for i in members]), strict=True):
+            replies[i] = reply
+    return replies  # type: ignore[return-value]
 
 
 def prox_update(lr: float, prox: float, anchor: Params | None) -> Callable[[Params, Params], Params]:
@@ -220,11 +244,18 @@ def draw_batches(devices: Sequence[DeviceRuntime], offsets: Sequence[int], steps
     """Every step's minibatch of every device, from its own sampler (advanced exactly as the
     per-device path would): row indices into the concatenated data ``[steps, D, B]`` and the
     weights ``[steps, D, B]`` (1/len of the batch for real rows, 0 for padding)."""
-    drawn = [take_batches(dev.sampler, steps) for dev in devices]
+    return pad_batches([take_batches(dev.sampler, steps) for dev in devices], offsets, batch_size)
+
+
+def pad_batches(drawn: Sequence[torch.Tensor | Sequence[torch.Tensor]], offsets: Sequence[int],
+                batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each device's minibatches (``[steps, B]`` or a list of ``steps`` index tensors, rows of its
+    own data) as ``draw_batches`` returns them."""
+    steps = len(drawn[0])
     if all(isinstance(d, torch.Tensor) and d.shape[1] == batch_size for d in drawn):
-        index = torch.stack(drawn, dim=1) + torch.tensor(offsets).view(1, -1, 1)  # [steps, D, B]
+        index = torch.stack(list(drawn), dim=1) + torch.tensor(offsets).view(1, -1, 1)  # [steps, D, B]
         return index, torch.full(index.shape, 1.0 / batch_size)
-    rows = [drawn[d][s] for s in range(steps) for d in range(len(devices))]  # step-major: [steps * D]
+    rows = [drawn[d][s] for s in range(steps) for d in range(len(drawn))]  # step-major: [steps * D]
     lengths = torch.tensor([len(idx) for idx in rows])
     # Short last batches of an epoch: padded with the device's first row, weighted 0.
     index = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=-1)
@@ -232,7 +263,7 @@ def draw_batches(devices: Sequence[DeviceRuntime], offsets: Sequence[int], steps
     real = index >= 0
     index = torch.where(real, index, 0) + torch.tensor(offsets).repeat(steps).unsqueeze(1)
     weight = real.float() / lengths.unsqueeze(1)
-    return index.view(steps, len(devices), batch_size), weight.view(steps, len(devices), batch_size)
+    return index.view(steps, len(drawn), batch_size), weight.view(steps, len(drawn), batch_size)
 
 
 def per(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -306,17 +337,25 @@ def signature(plan: FitPlan) -> tuple[tuple[int, int, bool], ...]:
     return tuple((ph.steps, ph.inner_steps, ph.pull is not None) for ph in plan.phases)
 
 
-def run_plans(devices: Sequence[DeviceRuntime], plans: Sequence[FitPlan], data: ConcatenatedData) -> list[FitReply]:
+def run_plans(devices: Sequence[DeviceRuntime], plans: Sequence[FitPlan | GroupPlan],
+              data: ConcatenatedData) -> list[FitReply]:
     """The batched path: the plans of ``devices`` (same architecture: one node's trainer), run
-    phase by phase for all of them at once; each device's ``finish`` makes its reply."""
+    phase by phase for all of them at once; each device's ``finish`` makes its reply. Plans of
+    another kind (``GroupPlan``) are stepped together by their class."""
     if not devices:
         return []
     trainer = devices[0].trainer
     loss_and_grad = batched_loss_and_grad(trainer)
     groups: dict[tuple[int, ...], list[int]] = {}
-    for i, plan in enumerate(plans):
-        groups.setdefault(signature(plan), []).append(i)
     replies: list[FitReply | None] = [None] * len(plans)
+    for kind in {type(plan) for plan in plans} - {FitPlan}:  # e.g. pFedBayes's (a GroupPlan)
+        members = [i for i, plan in enumerate(plans) if type(plan) is kind]
+        group_replies = kind.run_together([devices[i] for i in members], [plans[i] for i in members], data, loss_and_grad)
+        for i, reply in zip(members, group_replies, strict=True):
+            replies[i] = reply
+    for i, plan in enumerate(plans):
+        if type(plan) is FitPlan:
+            groups.setdefault(signature(plan), []).append(i)
     for members in groups.values():
         group_devices = [devices[i] for i in members]
         results: list[tuple[list[Params], list[float]]] = [([], []) for _ in members]
@@ -355,7 +394,7 @@ class BatchedFit:
 
     def __call__(self, calls: Sequence[tuple[ClientProxy, FitIns]]) -> list[FitRes | BaseException]:
         outcomes: list[FitRes | BaseException | None] = [None] * len(calls)
-        planned: list[tuple[int, DeviceClientLike, FitPlan]] = []
+        planned: list[tuple[int, DeviceClientLike, FitPlan | GroupPlan]] = []
         decoded: dict[int, NDArrays] = {}  # a strategy sends every device the same Parameters
         for i, (proxy, ins) in enumerate(calls):
             # The proxy first: a dropped device's client need not be built (hfl.node.NodeDevices).

@@ -1,6 +1,6 @@
 """Every algorithm computes the models it computed before the tree engine (recorded by
 ``tests/regression/record.py`` on the small config, seed 0): global, level-1 (team) and
-personal models within 1e-6."""
+personal models within 1e-6 (Per-FedAvg HF: 1e-5, see ``TOLERANCE``)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,11 @@ def recorded(algorithm: str) -> dict[str, list[np.ndarray]]:
     return {name: [arrays[i] for i in sorted(arrays)] for name, arrays in out.items()}
 
 
+# Per-FedAvg HF's finite-difference Hessian-vector product divides a gradient difference by
+# 2 * delta = 0.002: float rounding of the (now batched) gradients grows 500x there.
+TOLERANCE = {"perfedavg_hf": 1e-5}
+
+
 @pytest.mark.parametrize("algorithm", list(CASES))
 def test_models_unchanged(algorithm, tmp_path):
     expected = recorded(algorithm)
@@ -32,4 +37,4 @@ def test_models_unchanged(algorithm, tmp_path):
     for name, arrays in expected.items():
         assert len(got[name]) == len(arrays), name
         for a, b in zip(got[name], arrays, strict=True):
-            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, err_msg=f"{algorithm} {name}")
+            np.testing.assert_allclose(a, b, rtol=0, atol=TOLERANCE.get(algorithm, 1e-6), err_msg=f"{algorithm} {name}")
