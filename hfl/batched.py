@@ -228,15 +228,24 @@ class ConcatenatedData:
         return self._dual[key]
 
 
-def take_batches(sampler: BatchSampler, steps: int) -> torch.Tensor | list[torch.Tensor]:
-    """``steps`` calls of ``sampler.next()``: one ``[steps, B]`` slice of the current epoch when
-    they all fit in it (the common case, one op instead of ``steps``), else the list of batches."""
-    end = sampler.pos + steps * sampler.batch_size
-    if sampler.pos < len(sampler.perm) and end <= len(sampler.perm):
-        block = sampler.perm[sampler.pos:end].view(steps, sampler.batch_size)
-        sampler.pos = end
-        return block
-    return [sampler.next() for _ in range(steps)]
+def take_batches(sampler: BatchSampler, steps: int) -> torch.Tensor:
+    """``steps`` calls of ``sampler.next()`` as one ``[steps, B]`` block, a short batch (an
+    epoch's last) padded with -1: a few slices per epoch crossed instead of an op per step. The
+    sampler ends where the ``steps`` calls leave it."""
+    batch, pieces, taken = sampler.batch_size, [], 0
+    while taken < steps:
+        if sampler.pos >= len(sampler.perm):  # as next(): a new epoch from the same generator
+            sampler.perm = torch.randperm(sampler.num_samples, generator=sampler.generator)
+            sampler.pos = 0
+        rest = sampler.perm[sampler.pos:]
+        calls = min(steps - taken, -(-len(rest) // batch))
+        block = rest[:calls * batch]
+        if len(block) < calls * batch:
+            block = torch.nn.functional.pad(block, (0, calls * batch - len(block)), value=-1)
+        pieces.append(block.view(calls, batch))
+        sampler.pos += calls * batch
+        taken += calls
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
 def draw_batches(devices: Sequence[DeviceRuntime], offsets: Sequence[int], steps: int,
@@ -249,21 +258,26 @@ def draw_batches(devices: Sequence[DeviceRuntime], offsets: Sequence[int], steps
 
 def pad_batches(drawn: Sequence[torch.Tensor | Sequence[torch.Tensor]], offsets: Sequence[int],
                 batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each device's minibatches (``[steps, B]`` or a list of ``steps`` index tensors, rows of its
-    own data) as ``draw_batches`` returns them."""
-    steps = len(drawn[0])
-    if all(isinstance(d, torch.Tensor) and d.shape[1] == batch_size for d in drawn):
-        index = torch.stack(list(drawn), dim=1) + torch.tensor(offsets).view(1, -1, 1)  # [steps, D, B]
+    """Each device's minibatches (rows of its own data: a ``take_batches`` block, or a list of
+    ``steps`` index tensors) as ``draw_batches`` returns them."""
+    blocks = [_block(d, batch_size) for d in drawn]
+    if all(bool((b[:, -1] >= 0).all()) for b in blocks):  # no short batch: the common case
+        index = torch.stack(blocks, dim=1) + torch.tensor(offsets).view(1, -1, 1)  # [steps, D, B]
         return index, torch.full(index.shape, 1.0 / batch_size)
-    rows = [drawn[d][s] for s in range(steps) for d in range(len(drawn))]  # step-major: [steps * D]
-    lengths = torch.tensor([len(idx) for idx in rows])
+    index = torch.stack(blocks, dim=1)
     # Short last batches of an epoch: padded with the device's first row, weighted 0.
-    index = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=-1)
-    index = torch.nn.functional.pad(index, (0, batch_size - index.shape[1]), value=-1)
     real = index >= 0
-    index = torch.where(real, index, 0) + torch.tensor(offsets).repeat(steps).unsqueeze(1)
-    weight = real.float() / lengths.unsqueeze(1)
-    return index.view(steps, len(drawn), batch_size), weight.view(steps, len(drawn), batch_size)
+    index = torch.where(real, index, 0) + torch.tensor(offsets).view(1, -1, 1)
+    return index, real.float() / real.sum(2, keepdim=True)
+
+
+def _block(drawn: torch.Tensor | Sequence[torch.Tensor], batch_size: int) -> torch.Tensor:
+    """``[steps, batch_size]``, -1 where a batch is short."""
+    if not isinstance(drawn, torch.Tensor):
+        drawn = torch.nn.utils.rnn.pad_sequence(list(drawn), batch_first=True, padding_value=-1)
+    if drawn.shape[1] < batch_size:
+        drawn = torch.nn.functional.pad(drawn, (0, batch_size - drawn.shape[1]), value=-1)
+    return drawn
 
 
 def per(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
