@@ -135,13 +135,19 @@ def _run_group(plans: Sequence[BayesPlan], data: Any, loss_and_grad: Callable) -
         rows = index[s].reshape(-1)
         x = data.x.index_select(0, rows).view(len(plans), -1, *data.x.shape[1:])
         y = data.y.index_select(0, rows).view(len(plans), -1)
+        sp2 = [F.softplus(r) ** 2 for r in rho_v]  # v stays put during the personal steps
         for k in range(first.personal_steps):
             eps = [torch.stack([draw[1][s][k][j] for draw in draws]).to(dev) for j in range(len(mu_q))]
-            loss, grad_w = loss_and_grad(sample_weights(mu_q, rho_q, eps), x, y, weight[s])
-            g_mq, g_rq, _, _ = kl_grads(mu_q, rho_q, mu_v, rho_v)
-            # zeta / n differs between devices: folded into the KL gradients, weight 1 below
-            mu_q, rho_q = personal_step(mu_q, rho_q, grad_w, eps, _scaled(kl_weight, g_mq), _scaled(kl_weight, g_rq),
-                                        first.personal_lr, 1.0)
+            # fit's sample_weights, kl_grads (q's side) and personal_step, each softplus / sigmoid
+            # taken once: the same expressions, so the same floats
+            sq, sig = [F.softplus(r) for r in rho_q], [torch.sigmoid(r) for r in rho_q]
+            loss, grad_w = loss_and_grad([m + q * e for m, q, e in zip(mu_q, sq, eps, strict=True)], x, y, weight[s])
+            # zeta / n differs between devices: per-device factors on the KL gradients
+            kl_mu = _scaled(kl_weight, [(mq - mv) / p2 for mq, mv, p2 in zip(mu_q, mu_v, sp2, strict=True)])
+            kl_rho = _scaled(kl_weight, [(q / p2 - 1 / q) * g for q, p2, g in zip(sq, sp2, sig, strict=True)])
+            plr = first.personal_lr
+            mu_q = [m - plr * (g + kk) for m, g, kk in zip(mu_q, grad_w, kl_mu, strict=True)]
+            rho_q = [r - plr * (g * e * sg + kk) for r, g, e, sg, kk in zip(rho_q, grad_w, eps, sig, kl_rho, strict=True)]
         total += loss
         _, _, g_mv, g_rv = kl_grads(mu_q, rho_q, mu_v, rho_v)
         mu_v, rho_v = prior_step(mu_v, rho_v, _scaled(prior_rate, g_mv), _scaled(prior_rate, g_rv), 1.0, 1.0)
