@@ -12,12 +12,15 @@ node asked at once:
 - each device still draws its own minibatches from its own sampler, in the same order, so the
   samplers end where the per-device path leaves them; a short last batch of an epoch is padded
   and the padding weighted 0, so every device's loss is the mean over its real samples;
-- gradients come from a closed form where the model has one (MCLR), else from
-  ``torch.func.vmap(grad(...))`` over ``functional_call``;
+- gradients come from a closed form where the model has one (hfl.closed_forms: MCLR,
+  one-hidden-layer ReLU nets; MCLR on devices with fewer samples than features in the dual
+  form, hfl.mclr_dual), else from ``torch.func.vmap(grad(...))`` over ``functional_call``;
 - per-device learning rates, prox coefficients and anchors are tensors, so nothing assumes the
   devices received the same config.
 
-Evaluation is batched likewise (hfl.batched_eval). Results equal the per-device path within
+A local loop of another form (Per-FedAvg's meta-steps, pFedBayes's sampled weights) comes as a
+``GroupPlan`` whose class steps a group of devices together. Evaluation is batched likewise
+(hfl.batched_eval). Results equal the per-device path within
 float tolerance (tests/test_batched.py), not bitwise: sums run in a different order. With
 ``runtime.device=cuda`` the data, the stacked models and all steps of a phase live on the GPU
 (the minibatch indices of every step are drawn first and sent once); the models come back to

@@ -191,7 +191,8 @@ def test_batched_on_is_refused_for_an_algorithm_without_the_path():
 
 # ---------------------------------------------------------------- whole runs: batched = per-device
 # Overrides that give each algorithm something to batch: a hidden layer where it splits heads.
-EXTRA = {"fedper": ["model=dnn"], "bhfl": ["topology=tree", "topology.fanout=[2,2,3]", "algorithm.sample_fraction=[1,0.5,0.67]"]}
+# Per-FedAvg and pFedBayes: the DNN here, MCLR in tests/test_regression.py (batched by default there).
+EXTRA = {"fedper": ["model=dnn"], "perfedavg": ["model=dnn"], "pfedbayes": ["model=dnn"], "bhfl": ["topology=tree", "topology.fanout=[2,2,3]", "algorithm.sample_fraction=[1,0.5,0.67]"]}
 BATCHED = [a for a in ALGORITHMS if batched_flag(a)]  # composed: perfedavg_hf inherits perfedavg's
 
 
