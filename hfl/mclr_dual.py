@@ -68,7 +68,7 @@ def make_dual_data(xs: Sequence[torch.Tensor], device: torch.device) -> DualData
     n = max(len(x) for x in xs)
     features = xs[0][0].numel()
     padded = torch.zeros(len(xs), n, features, dtype=xs[0].dtype, device=device)
-    gram = torch.empty(len(xs), n, n, dtype=xs[0].dtype, device=device).zero_()
+    gram = torch.zeros(len(xs), n, n, dtype=xs[0].dtype, device=device)
     for d, x in enumerate(xs):
         padded[d, :len(x)] = x.flatten(1).to(device)
         gram[d, :len(x), :len(x)] = device_gram(x, device)
