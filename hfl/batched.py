@@ -50,7 +50,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from hfl.closed_forms import closed_form, mclr_batched_loss_and_grad
 from hfl.device import DeviceRuntime
 from hfl.inprocess import call_fit
-from hfl.mclr_dual import DualData, dual_pays, make_dual_data, run_dual_steps
+from hfl.mclr_dual import DualData, dual_pays, make_dual_data, run_dual_steps, size_buckets
 from hfl.models import MCLR
 from hfl.payload import LocalParameters
 from hfl.training import BatchSampler, LocalTrainer, Params, run_local_steps
@@ -293,9 +293,21 @@ def stack(models: Sequence[Params], device: torch.device) -> Params:
 
 
 def run_phase(trainer: LocalTrainer, data: ConcatenatedData, devices: Sequence[DeviceRuntime],
-              phases: Sequence[Phase], loss_and_grad: Callable) -> tuple[list[Params], list[float]]:
+              phases: Sequence[Phase], loss_and_grad: Callable, bucketed: bool = False) -> tuple[list[Params], list[float]]:
     """One phase of every device's plan, stepped together; returns each device's model and mean
-    loss. MCLR on devices with fewer samples than features steps in the dual form (hfl.mclr_dual)."""
+    loss. MCLR on devices with fewer samples than features steps in the dual form (hfl.mclr_dual),
+    in groups of similar sizes (``size_buckets``)."""
+    sizes = [data.size[d.device_id] for d in devices]
+    if (not bucketed and loss_and_grad is mclr_batched_loss_and_grad
+            and dual_pays(sizes, data.x[0].numel()) and len(buckets := size_buckets(sizes)) > 1):
+        models: list[Params | None] = [None] * len(devices)
+        losses: list[float] = [0.0] * len(devices)
+        for members in buckets:
+            got = run_phase(trainer, data, [devices[i] for i in members], [phases[i] for i in members],
+                            loss_and_grad, bucketed=True)
+            for i, model, loss in zip(members, *got, strict=True):
+                models[i], losses[i] = model, loss
+        return models, losses  # type: ignore[return-value]
     dev = data.device
     steps = phases[0].steps
     if steps == 0:

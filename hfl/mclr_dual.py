@@ -47,6 +47,29 @@ def dual_pays(sizes: list[int], num_features: int) -> bool:
     return max(sizes) < num_features
 
 
+# A dual step's fixed cost (its ~30 small ops) in padded Gram rows of work: measured on this
+# CPU, a phase of 10 MNIST devices padded to 629 rows (6,290) took 24.9 ms, split 8 + 2 (3,858)
+# 14.7 ms, one padded to 306 (3,060) 13.5 ms.
+BUCKET_OVERHEAD_ROWS = 1024
+
+
+def size_buckets(sizes: Sequence[int]) -> list[list[int]]:
+    """Positions of ``sizes`` grouped to step together: every device is padded to its group's
+    largest, so one very large device makes the others pay for its rows. Sorted by size, a group
+    is split in two where that saves more padded rows than ``BUCKET_OVERHEAD_ROWS``, recursively."""
+
+    def split(members: list[int]) -> list[list[int]]:
+        n = [sizes[i] for i in members]
+        best, at = len(n) * n[-1], None
+        for i in range(1, len(n)):
+            cost = i * n[i - 1] + (len(n) - i) * n[-1] + BUCKET_OVERHEAD_ROWS
+            if cost < best:
+                best, at = cost, i
+        return [members] if at is None else split(members[:at]) + split(members[at:])
+
+    return split(sorted(range(len(sizes)), key=lambda i: sizes[i]))
+
+
 # id(x_train) -> its Gram matrix per compute device. Nodes (and their batched data) are rebuilt
 # for each message; the devices' data tensors live on (the federation, or its lazy cache), so the
 # Gram matrices are kept with them and dropped when they are.

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from hfl import batched as batched_module
+from hfl import mclr_dual
 from hfl.batched import ConcatenatedData, FitPlan, Phase, run_plan, run_plans
 from hfl.device import DeviceRuntime
-from hfl.mclr_dual import dual_pays, make_dual_data
+from hfl.mclr_dual import dual_pays, make_dual_data, size_buckets
 from hfl.models import MCLR
 from hfl.simulate import run
 from hfl.training import BatchSampler, LocalTrainer
@@ -58,8 +59,11 @@ def _pulled_plans(devices: list[DeviceRuntime]) -> list[FitPlan]:  # pFedMe's lo
     return plans
 
 
+@pytest.mark.parametrize("bucketed", [False, True], ids=["one-group", "size-buckets"])
 @pytest.mark.parametrize("make_plans", [_prox_plans, _pulled_plans], ids=["prox-mixed", "inner-steps-pull"])
-def test_dual_steps_equal_the_per_device_path(monkeypatch, make_plans):
+def test_dual_steps_equal_the_per_device_path(monkeypatch, make_plans, bucketed):
+    if bucketed:  # free splits: sizes 4 | 9 | 12 | 17, each device its own group
+        monkeypatch.setattr(mclr_dual, "BUCKET_OVERHEAD_ROWS", 0)
     one, many = _devices(), _devices()
     want_plans, got_plans = make_plans(one), make_plans(many)
     want = [run_plan(d, p) for d, p in zip(one, want_plans, strict=True)]
@@ -72,7 +76,8 @@ def test_dual_steps_equal_the_per_device_path(monkeypatch, make_plans):
 
     monkeypatch.setattr(batched_module, "run_dual_steps", counted)
     got = run_plans(many, got_plans, ConcatenatedData(many, torch.device("cpu")))
-    assert made and set(made) == {max(SIZES)}  # the dual form ran, padded to the largest device
+    # the dual form ran, padded to the largest device of each group
+    assert made and set(made) == (set(SIZES) if bucketed else {max(SIZES)})
     for (g_arrays, _, g_metrics), (w_arrays, _, w_metrics) in zip(got, want, strict=True):
         for g, w in zip(g_arrays, w_arrays, strict=True):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
@@ -142,3 +147,13 @@ def test_weighted_nll_gradient_by_hand():
     g, loss = weighted_nll_grad(logits.clone(), torch.tensor([[0, 1]]), torch.tensor([[0.5, 0.5]]))
     torch.testing.assert_close(g, torch.tensor([[[0.5 * (0.5 - 1.0), 0.5 * 0.75], [0.5 * 0.5, 0.5 * (0.25 - 1.0)]]]))
     torch.testing.assert_close(loss, torch.tensor([0.5 * np.log(2.0) + 0.5 * np.log(4.0)], dtype=torch.float32))
+
+
+def test_size_buckets_split_where_padding_costs_more_than_a_group():
+    # An MNIST preset team, sorted 27 ... 244, 325, 629: one group pads to 10 * 629 = 6,290 rows;
+    # the cheapest split, 8 | 2, costs 8 * 244 + 2 * 629 + 1,024 = 4,234 (9 | 1: 4,578; 7 | 3:
+    # 4,325); neither part splits again (5 | 3 of the eight: 5 * 124 + 3 * 244 + 1,024 > 8 * 244).
+    assert size_buckets([629, 27, 37, 40, 92, 124, 154, 202, 244, 325]) == [[1, 2, 3, 4, 5, 6, 7, 8], [9, 0]]
+    assert size_buckets([22, 46, 75, 109, 187, 250, 274, 278, 279, 306]) == [list(range(10))]  # even enough
+    assert size_buckets([5]) == [[0]]
+    assert size_buckets([10, 3000, 12, 2900]) == [[0, 2], [3, 1]]  # 2*12 + 2*3000 + 1,024 < 4*3000
