@@ -20,7 +20,7 @@ from flwr.common import NDArrays, Scalar
 
 from clients.base import DeviceClient
 from clients.fedavg import sgd_step
-from hfl.batched import draw_batches, run_in_groups, stack
+from hfl.batched import draw_batches, minibatch, stack
 from hfl.device import DeviceRuntime
 from hfl.errors import ConfigError
 from hfl.personal import check_keys, fit_reply
@@ -63,9 +63,10 @@ class MetaPlan:
         return self.steps, self.alpha, self.beta, self.variant, self.delta
 
     @classmethod
-    def run_together(cls, devices: Sequence[DeviceRuntime], plans: Sequence[MetaPlan], data: Any,
+    def run_together(cls, plans: Sequence[MetaPlan], data: Any,
                      loss_and_grad: Callable) -> list[tuple[NDArrays, int, dict[str, Scalar]]]:
-        return run_in_groups(plans, cls.key, lambda group: _run_group(group, data, loss_and_grad))
+        """Plans of equal ``key`` (hfl.batched.GroupPlan), stepped together."""
+        return _run_group(plans, data, loss_and_grad)
 
 
 def _run_group(plans: Sequence[MetaPlan], data: Any, loss_and_grad: Callable) -> list[tuple[NDArrays, int, dict[str, Scalar]]]:
@@ -78,9 +79,7 @@ def _run_group(plans: Sequence[MetaPlan], data: Any, loss_and_grad: Callable) ->
     index, weight = index.to(data.device), weight.to(data.device)
 
     def grad(params: Params, b: int) -> tuple[torch.Tensor, Params]:
-        rows = index[b].reshape(-1)
-        x = data.x.index_select(0, rows).view(len(plans), -1, *data.x.shape[1:])
-        return loss_and_grad(params, x, data.y.index_select(0, rows).view(len(plans), -1), weight[b])
+        return loss_and_grad(params, *minibatch(data, index[b]), weight[b])
 
     w = stack([p.start for p in plans], data.device)
     total = torch.zeros(len(plans), device=data.device)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from flwr.common import NDArrays, Scalar
 
 from clients.base import DeviceClient
-from hfl.batched import pad_batches, per, run_in_groups, stack
+from hfl.batched import minibatch, pad_batches, per, stack
 from hfl.device import DeviceRuntime
 from hfl.personal import check_keys, fit_reply
 from hfl.training import Params, to_tensors
@@ -101,9 +101,10 @@ class BayesPlan:
         return self.steps, self.personal_steps, self.personal_lr, self.lr
 
     @classmethod
-    def run_together(cls, devices: Sequence[DeviceRuntime], plans: Sequence[BayesPlan], data: Any,
+    def run_together(cls, plans: Sequence[BayesPlan], data: Any,
                      loss_and_grad: Callable) -> list[tuple[NDArrays, int, dict[str, Scalar]]]:
-        return run_in_groups(plans, cls.key, lambda group: _run_group(group, data, loss_and_grad))
+        """Plans of equal ``key`` (hfl.batched.GroupPlan), stepped together."""
+        return _run_group(plans, data, loss_and_grad)
 
 
 def _draws(plan: BayesPlan) -> tuple[list[torch.Tensor], list[list[Params]]]:
@@ -130,11 +131,10 @@ def _run_group(plans: Sequence[BayesPlan], data: Any, loss_and_grad: Callable) -
     kl_weight = torch.tensor([p.kl_weight for p in plans], device=dev)
     prior_rate = torch.tensor([p.lr * p.kl_weight for p in plans], device=dev)  # as fit's lr * kl_weight
     first = plans[0]
+    plr = first.personal_lr
     total = torch.zeros(len(plans), device=dev)
     for s in range(first.steps):
-        rows = index[s].reshape(-1)
-        x = data.x.index_select(0, rows).view(len(plans), -1, *data.x.shape[1:])
-        y = data.y.index_select(0, rows).view(len(plans), -1)
+        x, y = minibatch(data, index[s])
         sp2 = [F.softplus(r) ** 2 for r in rho_v]  # v stays put during the personal steps
         for k in range(first.personal_steps):
             eps = [torch.stack([draw[1][s][k][j] for draw in draws]).to(dev) for j in range(len(mu_q))]
@@ -145,7 +145,6 @@ def _run_group(plans: Sequence[BayesPlan], data: Any, loss_and_grad: Callable) -
             # zeta / n differs between devices: per-device factors on the KL gradients
             kl_mu = _scaled(kl_weight, [(mq - mv) / p2 for mq, mv, p2 in zip(mu_q, mu_v, sp2, strict=True)])
             kl_rho = _scaled(kl_weight, [(q / p2 - 1 / q) * g for q, p2, g in zip(sq, sp2, sig, strict=True)])
-            plr = first.personal_lr
             mu_q = [m - plr * (g + kk) for m, g, kk in zip(mu_q, grad_w, kl_mu, strict=True)]
             rho_q = [r - plr * (g * e * sg + kk) for r, g, e, sg, kk in zip(rho_q, grad_w, eps, sig, kl_rho, strict=True)]
         total += loss

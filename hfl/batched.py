@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -53,10 +53,9 @@ from hfl.inprocess import call_fit
 from hfl.mclr_dual import DualData, dual_pays, make_dual_data, run_dual_steps, size_buckets
 from hfl.models import MCLR
 from hfl.payload import LocalParameters
-from hfl.training import BatchSampler, LocalTrainer, Params, run_local_steps
+from hfl.training import LocalTrainer, Params, run_local_steps
 
 FitReply = tuple[NDArrays, int, dict[str, Scalar]]
-P = TypeVar("P")
 
 
 class DeviceClientLike(Protocol):  # clients.base.DeviceClient (which imports this module)
@@ -95,25 +94,15 @@ class FitPlan:
 
 class GroupPlan(Protocol):
     """A fit whose local work is not phases of prox-SGD (pFedBayes samples weights from a
-    posterior), stepped together for a group of devices by its class's ``run_together``: the
-    same replies, in order, as each device's own ``fit``, within float tolerance."""
+    posterior): plans of one class with equal ``key()`` are stepped together by the class's
+    ``run_together``, giving the same replies, in order, as each device's own ``fit`` within
+    float tolerance."""
+
+    def key(self) -> Hashable: ...
 
     @classmethod
-    def run_together(cls, devices: Sequence[DeviceRuntime], plans: Sequence[GroupPlan], data: ConcatenatedData,
+    def run_together(cls, plans: Sequence[GroupPlan], data: ConcatenatedData,
                      loss_and_grad: Callable) -> list[FitReply]: ...
-
-
-def run_in_groups(plans: Sequence[P], key: Callable[[P], Hashable],
-                  run_group: Callable[[list[P]], list[FitReply]]) -> list[FitReply]:
-    """``run_group`` on the plans of each ``key`` (those that can step together); replies in order."""
-    groups: dict[Hashable, list[int]] = {}
-    for i, plan in enumerate(plans):
-        groups.setdefault(key(plan), []).append(i)
-    replies: list[FitReply | None] = [None] * len(plans)
-    for members in groups.values():
-        for i, reply in zip(members, run_group([plans[i] for i in members]), strict=True):
-            replies[i] = reply
-    return replies  # type: ignore[return-value]
 
 
 def prox_update(lr: float, prox: float, anchor: Params | None) -> Callable[[Params, Params], Params]:
@@ -231,37 +220,17 @@ class ConcatenatedData:
         return self._dual[key]
 
 
-def take_batches(sampler: BatchSampler, steps: int) -> torch.Tensor:
-    """``steps`` calls of ``sampler.next()`` as one ``[steps, B]`` block, a short batch (an
-    epoch's last) padded with -1: a few slices per epoch crossed instead of an op per step. The
-    sampler ends where the ``steps`` calls leave it."""
-    batch, pieces, taken = sampler.batch_size, [], 0
-    while taken < steps:
-        if sampler.pos >= len(sampler.perm):  # as next(): a new epoch from the same generator
-            sampler.perm = torch.randperm(sampler.num_samples, generator=sampler.generator)
-            sampler.pos = 0
-        rest = sampler.perm[sampler.pos:]
-        calls = min(steps - taken, -(-len(rest) // batch))
-        block = rest[:calls * batch]
-        if len(block) < calls * batch:
-            block = torch.nn.functional.pad(block, (0, calls * batch - len(block)), value=-1)
-        pieces.append(block.view(calls, batch))
-        sampler.pos += calls * batch
-        taken += calls
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-
-
 def draw_batches(devices: Sequence[DeviceRuntime], offsets: Sequence[int], steps: int,
                  batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Every step's minibatch of every device, from its own sampler (advanced exactly as the
     per-device path would): row indices into the concatenated data ``[steps, D, B]`` and the
     weights ``[steps, D, B]`` (1/len of the batch for real rows, 0 for padding)."""
-    return pad_batches([take_batches(dev.sampler, steps) for dev in devices], offsets, batch_size)
+    return pad_batches([dev.sampler.take(steps) for dev in devices], offsets, batch_size)
 
 
 def pad_batches(drawn: Sequence[torch.Tensor | Sequence[torch.Tensor]], offsets: Sequence[int],
                 batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each device's minibatches (rows of its own data: a ``take_batches`` block, or a list of
+    """Each device's minibatches (rows of its own data: a ``BatchSampler.take`` block, or a list of
     ``steps`` index tensors) as ``draw_batches`` returns them."""
     blocks = [_block(d, batch_size) for d in drawn]
     if all(bool((b[:, -1] >= 0).all()) for b in blocks):  # no short batch: the common case
@@ -283,6 +252,13 @@ def _block(drawn: torch.Tensor | Sequence[torch.Tensor], batch_size: int) -> tor
     return drawn
 
 
+def minibatch(data: ConcatenatedData, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step's inputs ``[D, B, ...]`` and labels ``[D, B]`` at rows ``index`` ``[D, B]``."""
+    rows = index.reshape(-1)
+    return (data.x.index_select(0, rows).view(*index.shape, *data.x.shape[1:]),
+            data.y.index_select(0, rows).view(index.shape))
+
+
 def per(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Per-device values ``[D]`` shaped to broadcast over a stacked tensor ``[D, ...]``."""
     return values.view(-1, *([1] * (like.dim() - 1)))
@@ -297,9 +273,8 @@ def run_phase(trainer: LocalTrainer, data: ConcatenatedData, devices: Sequence[D
     """One phase of every device's plan, stepped together; returns each device's model and mean
     loss. MCLR on devices with fewer samples than features steps in the dual form (hfl.mclr_dual),
     in groups of similar sizes (``size_buckets``)."""
-    sizes = [data.size[d.device_id] for d in devices]
-    if (not bucketed and loss_and_grad is mclr_batched_loss_and_grad
-            and dual_pays(sizes, data.x[0].numel()) and len(buckets := size_buckets(sizes)) > 1):
+    sizes = [data.size[d.device_id] for d in devices] if loss_and_grad is mclr_batched_loss_and_grad else []
+    if not bucketed and sizes and dual_pays(sizes, data.x[0].numel()) and len(buckets := size_buckets(sizes)) > 1:
         models: list[Params | None] = [None] * len(devices)
         losses: list[float] = [0.0] * len(devices)
         for members in buckets:
@@ -336,9 +311,7 @@ def run_phase(trainer: LocalTrainer, data: ConcatenatedData, devices: Sequence[D
         return _per_device(phases, theta, anchor if pulled else None, total, steps)
     total = torch.zeros(len(phases), device=dev)
     for s in range(steps):
-        rows = index[s].reshape(-1)
-        x = data.x.index_select(0, rows).view(len(phases), batch, *data.x.shape[1:])
-        y = data.y.index_select(0, rows).view(len(phases), batch)
+        x, y = minibatch(data, index[s])
         for _ in range(phases[0].inner_steps):
             loss, grads = loss_and_grad(theta, x, y, weight[s])
             if anchored:
@@ -375,17 +348,15 @@ def run_plans(devices: Sequence[DeviceRuntime], plans: Sequence[FitPlan | GroupP
         return []
     trainer = devices[0].trainer
     loss_and_grad = batched_loss_and_grad(trainer)
-    groups: dict[tuple[int, ...], list[int]] = {}
-    replies: list[FitReply | None] = [None] * len(plans)
-    for kind in {type(plan) for plan in plans} - {FitPlan}:  # e.g. pFedBayes's (a GroupPlan)
-        members = [i for i, plan in enumerate(plans) if type(plan) is kind]
-        group_replies = kind.run_together([devices[i] for i in members], [plans[i] for i in members], data, loss_and_grad)
-        for i, reply in zip(members, group_replies, strict=True):
-            replies[i] = reply
-    for i, plan in enumerate(plans):
-        if type(plan) is FitPlan:
-            groups.setdefault(signature(plan), []).append(i)
-    for members in groups.values():
+
+    def key(i: int) -> Hashable:
+        plan = plans[i]
+        return signature(plan) if type(plan) is FitPlan else (type(plan), plan.key())
+
+    def run_group(members: list[int]) -> list[FitReply]:
+        kind = type(plans[members[0]])
+        if kind is not FitPlan:
+            return kind.run_together([plans[i] for i in members], data, loss_and_grad)
         group_devices = [devices[i] for i in members]
         results: list[tuple[list[Params], list[float]]] = [([], []) for _ in members]
         for p in range(len(plans[members[0]].phases)):
@@ -393,8 +364,15 @@ def run_plans(devices: Sequence[DeviceRuntime], plans: Sequence[FitPlan | GroupP
             for r, (m, loss) in enumerate(zip(models, losses, strict=True)):
                 results[r][0].append(m)
                 results[r][1].append(loss)
-        for i, (models, losses) in zip(members, results, strict=True):
-            replies[i] = plans[i].finish(models, losses)
+        return [plans[i].finish(models, losses) for i, (models, losses) in zip(members, results, strict=True)]
+
+    groups: dict[Hashable, list[int]] = {}
+    for i in range(len(plans)):
+        groups.setdefault(key(i), []).append(i)
+    replies: list[FitReply | None] = [None] * len(plans)
+    for members in groups.values():
+        for i, reply in zip(members, run_group(members), strict=True):
+            replies[i] = reply
     return replies  # type: ignore[return-value]
 
 

@@ -49,13 +49,33 @@ class BatchSampler:
         self.perm = torch.empty(0, dtype=torch.int64)
         self.pos = 0
 
-    def next(self) -> torch.Tensor:
+    def _epoch(self) -> torch.Tensor:
+        """The current epoch's samples not yet drawn (a new shuffled epoch when none are left)."""
         if self.pos >= len(self.perm):
             self.perm = torch.randperm(self.num_samples, generator=self.generator)
             self.pos = 0
-        batch = self.perm[self.pos : self.pos + self.batch_size]
+        return self.perm[self.pos :]
+
+    def next(self) -> torch.Tensor:
+        batch = self._epoch()[: self.batch_size]
         self.pos += self.batch_size
         return batch
+
+    def take(self, steps: int) -> torch.Tensor:
+        """``steps`` calls of ``next()`` as one ``[steps, batch_size]`` block, a short batch (an
+        epoch's last) padded with -1: a slice per epoch crossed instead of one per step (the
+        batched path, hfl.batched). The sampler ends where the ``steps`` calls leave it."""
+        pieces, taken = [], 0
+        while taken < steps:
+            rest = self._epoch()
+            calls = min(steps - taken, -(-len(rest) // self.batch_size))
+            block = rest[: calls * self.batch_size]
+            if len(block) < calls * self.batch_size:
+                block = torch.nn.functional.pad(block, (0, calls * self.batch_size - len(block)), value=-1)
+            pieces.append(block.view(calls, self.batch_size))
+            self.pos += calls * self.batch_size
+            taken += calls
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
     def state(self) -> dict[str, np.ndarray]:
         return {

@@ -24,7 +24,6 @@ from hfl.batched import (
     functional_batched_loss_and_grad,
     run_plan,
     run_plans,
-    take_batches,
 )
 from hfl.batched_eval import evaluate_models
 from hfl.closed_forms import closed_form
@@ -45,10 +44,10 @@ def batched_flag(name: str) -> bool:
 
 
 # ---------------------------------------------------------------- minibatches
-def test_take_batches_is_next_called_steps_times():
+def test_sampler_take_is_next_called_steps_times():
     a, b = BatchSampler(50, 8, seed=3), BatchSampler(50, 8, seed=3)
     for steps in (3, 1, 4, 5, 2, 9):  # crosses epoch ends (50 = 6 x 8 + 2: a short last batch)
-        got = take_batches(a, steps)
+        got = a.take(steps)
         want = [b.next() for _ in range(steps)]
         assert got.shape == (steps, 8)
         assert [[i for i in g.tolist() if i >= 0] for g in got] == [w.tolist() for w in want]  # -1 pads short ones
