@@ -111,6 +111,11 @@ def textbook_round_seconds(overrides: list[str], rounds: int) -> dict:
     return {"seconds": statistics.median(seconds[1:] or seconds), "gib": peak.gib, "pm": None, "gm": None}
 
 
+def ray_gpus(device: str, teams: int) -> list[str]:
+    """On a GPU the team actors share it: Ray's num_gpus 1/teams each."""
+    return [f"runtime.num_gpus_per_team={1 / teams}"] if device == "cuda" else []
+
+
 def line(name: str, r: dict, reference: dict | None) -> str:
     ratio = f"{r['seconds'] / reference['seconds']:7.3f}x" if reference else "        -"
     acc = lambda v: f"{100 * v:6.2f}" if v is not None else "     -"  # noqa: E731
@@ -127,7 +132,7 @@ def section_mclr(tmp: Path, rounds: int, device: str) -> None:
         "textbook loop (in process)": textbook_round_seconds(base, rounds),
         "per-device (in process)": timed_run([*base, "runtime=inprocess", "runtime.batched=off"], tmp / "m-off"),
         "batched (in process)": timed_run([*base, "runtime=inprocess", "runtime.batched=on"], tmp / "m-on"),
-        "batched (Ray simulation, default)": timed_run([*base, "runtime.batched=on"], tmp / "m-sim"),
+        "batched (Ray simulation, default)": timed_run([*base, "runtime.batched=on", *ray_gpus(device, 4)], tmp / "m-sim"),
     }
     print(f"\nPerMFL MNIST MCLR preset, {rounds} global rounds, runtime.device={device} (ref: the textbook loop)")
     print(HEADER)
@@ -139,7 +144,7 @@ def section_devices(tmp: Path, rounds: int, device: str) -> None:
     base = [*DEVICES_3500, f"global_rounds={rounds}", f"runtime.device={device}"]
     results = {
         "per-device (Ray simulation)": timed_run([*base, "runtime.batched=off"], tmp / "d-off"),
-        "batched (Ray simulation)": timed_run([*base, "runtime.batched=on"], tmp / "d-on"),
+        "batched (Ray simulation)": timed_run([*base, "runtime.batched=on", *ray_gpus(device, 5)], tmp / "d-on"),
         "batched (in process)": timed_run([*base, "runtime=inprocess", "runtime.batched=on"], tmp / "d-inproc"),
     }
     print(f"\n3,500 devices (5 x 700 Synthetic, MCLR, K = 2, L = 5), {rounds} global rounds, evaluated every round "
@@ -162,7 +167,8 @@ def section_cnn(tmp: Path, rounds: int, device: str) -> None:
     for mode in ("off", "on"):  # "on": forced, auto would not batch a CNN on the CPU
         r = timed_run([*base, f"runtime.batched={mode}"], tmp / f"c-{mode}")
         per_step = r["seconds"] / (devices * k * steps)
-        print(f"  {'batched' if mode == 'on' else 'per-device':<12} {r['seconds']:8.3f} {per_step:14.4f} "
+        name = "batched" if mode == "on" else "per-device"  # per-device: always on the CPU
+        print(f"  {name:<12} {r['seconds']:8.3f} {per_step:14.4f} "
               f"{per_step * devices * full:13.1f} {r['gib']:8.2f}")
 
 

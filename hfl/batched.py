@@ -265,7 +265,18 @@ def per(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def stack(models: Sequence[Params], device: torch.device) -> Params:
-    return [torch.stack([m[i] for m in models]).to(device) for i in range(len(models[0]))]
+    """Per-device tensors ``[D, ...]`` on ``device``. A tensor every device holds alike (the
+    team model all devices start from) is sent once and broadcast, not copied D times: on a GPU
+    host-to-device copies of D full models were the largest cost of a PerMFL CNN round. The
+    broadcast views are read-only (every update is out of place; an in-place one raises)."""
+    out = []
+    for i in range(len(models[0])):
+        first = models[0][i]
+        if all(m[i] is first or torch.equal(m[i], first) for m in models[1:]):
+            out.append(first.to(device).unsqueeze(0).expand(len(models), *first.shape))
+        else:
+            out.append(torch.stack([m[i] for m in models]).to(device))
+    return out
 
 
 def run_phase(trainer: LocalTrainer, data: ConcatenatedData, devices: Sequence[DeviceRuntime],

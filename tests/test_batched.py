@@ -243,18 +243,77 @@ def assert_same_run(on: Path, off: Path) -> None:
 
 
 # ---------------------------------------------------------------- the GPU path (skipped without one)
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible to torch")
-@pytest.mark.parametrize("name", ["permfl", "ditto"])
-def test_batched_on_the_gpu_equals_the_cpu(tmp_path, name):
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible to torch")
+REAL_MNIST = Path(__file__).parents[1] / ".." / "shared" / "data"
+
+
+def _on_cuda(monkeypatch) -> list[str]:  # noqa: ANN001
+    """Records the compute device of every batched call: proof the GPU did the stepping."""
+    seen: list[str] = []
+
+    def recorded(devices, plans, data):  # noqa: ANN001, ANN202
+        seen.append(data.device.type)
+        return run_plans(devices, plans, data)
+
+    monkeypatch.setattr(batched_module, "run_plans", recorded)
+    return seen
+
+
+@GPU
+@pytest.mark.parametrize("name", BATCHED)
+def test_batched_on_the_gpu_equals_per_device_on_the_cpu(tmp_path, monkeypatch, name):
+    seen = _on_cuda(monkeypatch)
+    off = _run(tmp_path, name, "off", ["runtime.device=cpu"])
+    assert not seen
+    on = _run(tmp_path, name, "on", ["runtime.device=cuda"])
+    assert seen and set(seen) == {"cuda"}
+    assert_same_run(on, off)
+
+
+@GPU
+def test_dual_form_on_the_gpu_equals_per_device_on_the_cpu(tmp_path, monkeypatch):
+    dual: list[str] = []
+    real = batched_module.run_dual_steps
+
+    def counted(data, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        dual.append(data.gram.device.type)
+        return real(data, *args, **kwargs)
+
+    monkeypatch.setattr(batched_module, "run_dual_steps", counted)
+    extra = ["dataset.num_features=300"]  # at most 225 samples a device: the dual form pays
+    off = _run(tmp_path, "permfl", "off", [*extra, "runtime.device=cpu"])
+    on = _run(tmp_path, "permfl", "on", [*extra, "runtime.device=cuda"])
+    assert dual and set(dual) == {"cuda"}
+    assert_same_run(on, off)
+
+
+@GPU
+@pytest.mark.skipif(not (REAL_MNIST / "MNIST" / "raw").is_dir(), reason="shared MNIST test split absent")
+def test_mnist_cnn_on_the_gpu_equals_per_device_on_the_cpu(tmp_path, monkeypatch):
+    # vmap over the CNN's convolutions; TF32 off so the GPU's convolutions round as the CPU's
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    seen = _on_cuda(monkeypatch)
     runs = {}
-    for device in ("cpu", "cuda"):
-        runs[device] = tmp_path / device
-        run(compose_cfg(*SMALL, f"algorithm={name}", "runtime=inprocess", "runtime.batched=on",
-                        f"runtime.device={device}"), runs[device])
-    with np.load(runs["cuda"] / "checkpoints" / "global_model.npz") as a, \
-            np.load(runs["cpu"] / "checkpoints" / "global_model.npz") as b:
-        for key in b.files:
-            np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=1e-5, err_msg=key)
+    for mode, device in (("off", "cpu"), ("on", "cuda")):
+        runs[mode] = tmp_path / mode
+        run(compose_cfg("experiment=table1_mnist_cnn", "algorithm=permfl", f"dataset.root={REAL_MNIST}",
+                        "topology.num_teams=2", "topology.devices_per_team=2",
+                        "global_rounds=2", "algorithm.team_rounds=2", "algorithm.local_steps=3", "runtime=inprocess",
+                        f"runtime.batched={mode}", f"runtime.device={device}"), runs[mode])
+    assert seen and set(seen) == {"cuda"}
+    assert_same_run(runs["on"], runs["off"])
+
+
+@GPU
+def test_ray_team_actors_share_the_gpu(tmp_path):
+    """The default Ray simulation with two team actors on half a GPU each: the same models as
+    the per-device path in process on the CPU (a team actor that could not see the GPU fails
+    at its first batched step)."""
+    off = _run(tmp_path, "permfl", "off", ["runtime.device=cpu"])
+    on = tmp_path / "ray"
+    run(compose_cfg(*SMALL, "algorithm=permfl", "runtime=simulation", "runtime.batched=on", "dataset.batch_size=20",
+                    "runtime.device=cuda", "runtime.num_gpus_per_team=0.5"), on)
+    assert_same_run(on, off)
 
 
 def test_runtime_device_cuda_is_refused_without_a_gpu(tmp_path):
