@@ -20,7 +20,7 @@ from flwr.common import NDArrays, Scalar
 
 from clients.base import DeviceClient
 from clients.fedavg import sgd_step
-from hfl.batched import draw_batches, minibatch, stack
+from hfl.batched import batch_width, draw_batches, minibatch, stack
 from hfl.device import DeviceRuntime
 from hfl.errors import ConfigError
 from hfl.personal import check_keys, fit_reply
@@ -75,7 +75,7 @@ def _run_group(plans: Sequence[MetaPlan], data: Any, loss_and_grad: Callable) ->
     first, devices = plans[0], [p.device for p in plans]
     per_step = 3 if first.variant == "hf" else 2
     index, weight = draw_batches(devices, [data.offset[d.device_id] for d in devices], per_step * first.steps,
-                                 max(d.sampler.batch_size for d in devices))
+                                 batch_width(devices))
     index, weight = index.to(data.device), weight.to(data.device)
 
     def grad(params: Params, b: int) -> tuple[torch.Tensor, Params]:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from flwr.common import NDArrays, Scalar
 
 from clients.base import DeviceClient
-from hfl.batched import minibatch, pad_batches, per, stack
+from hfl.batched import batch_width, minibatch, pad_batches, per, stack
 from hfl.device import DeviceRuntime
 from hfl.personal import check_keys, fit_reply
 from hfl.training import Params, to_tensors
@@ -123,7 +123,7 @@ def _run_group(plans: Sequence[BayesPlan], data: Any, loss_and_grad: Callable) -
     devices = [p.device for p in plans]
     draws = [_draws(p) for p in plans]
     index, weight = pad_batches([rows for rows, _ in draws], [data.offset[d.device_id] for d in devices],
-                                max(d.sampler.batch_size for d in devices))
+                                batch_width(devices))
     dev = data.device
     index, weight = index.to(dev), weight.to(dev)
     mu_q, rho_q = split(stack([p.q for p in plans], dev))

@@ -29,6 +29,8 @@ the host once per phase.
 
 from __future__ import annotations
 
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -195,14 +197,36 @@ def batched_loss_and_grad(trainer: LocalTrainer) -> Callable:
 
 
 # ------------------------------------------------------------------ the batched path
+# Nodes (and their BatchedFit / BatchedEvaluate) are rebuilt for every message; their devices'
+# data tensors live on (the federation, or its lazy cache), so a node's concatenated data is
+# kept across messages, the most recent within this budget, each entry while its parts live.
+CONCAT_CACHE_BYTES = 512 * 2**20  # as much as the lazy device cache (dataset.cache_mb) keeps
+_CONCATENATED: OrderedDict[tuple, tuple[list[weakref.ref], torch.Tensor]] = OrderedDict()
+
+
+def concatenated(parts: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """``torch.cat(parts).to(device)``, made once for the same parts (the same tensor objects)."""
+    key = (str(device), *map(id, parts))
+    hit = _CONCATENATED.get(key)
+    if hit is not None and all(ref() is part for ref, part in zip(hit[0], parts, strict=True)):
+        _CONCATENATED.move_to_end(key)
+        return hit[1]
+    out = torch.cat(list(parts)).to(device)
+    _CONCATENATED[key] = ([weakref.ref(part) for part in parts], out)
+    kept = sum(t.nbytes for _, t in _CONCATENATED.values())
+    while kept > CONCAT_CACHE_BYTES and len(_CONCATENATED) > 1:
+        kept -= _CONCATENATED.popitem(last=False)[1][1].nbytes
+    return out
+
+
 class ConcatenatedData:
     """The training data of a node's devices, concatenated once on the compute device, with
     each device's offset into it."""
 
     def __init__(self, devices: Sequence[DeviceRuntime], device: torch.device) -> None:
         self.device = device
-        self.x = torch.cat([d.x_train for d in devices]).to(device)
-        self.y = torch.cat([d.y_train for d in devices]).to(device)
+        self.x = concatenated([d.x_train for d in devices], device)
+        self.y = concatenated([d.y_train for d in devices], device)
         sizes = [len(d.y_train) for d in devices]
         self.offset = {d.device_id: sum(sizes[:i]) for i, d in enumerate(devices)}
         self.size = {d.device_id: n for d, n in zip(devices, sizes, strict=True)}
@@ -218,6 +242,12 @@ class ConcatenatedData:
                 return None
             self._dual[key] = make_dual_data([d.x_train for d in devices], self.device)
         return self._dual[key]
+
+
+def batch_width(devices: Sequence[DeviceRuntime]) -> int:
+    """The widest minibatch any of ``devices`` draws: a device with fewer samples than its batch
+    size draws them all each step, so a group of small devices is not padded to the batch size."""
+    return max(min(d.sampler.num_samples, d.sampler.batch_size) for d in devices)
 
 
 def draw_batches(devices: Sequence[DeviceRuntime], offsets: Sequence[int], steps: int,
@@ -244,10 +274,13 @@ def pad_batches(drawn: Sequence[torch.Tensor | Sequence[torch.Tensor]], offsets:
 
 
 def _block(drawn: torch.Tensor | Sequence[torch.Tensor], batch_size: int) -> torch.Tensor:
-    """``[steps, batch_size]``, -1 where a batch is short."""
+    """``[steps, batch_size]``, -1 where a batch is short (columns past ``batch_size``, the group's
+    ``batch_width``, hold only -1)."""
     if not isinstance(drawn, torch.Tensor):
         drawn = torch.nn.utils.rnn.pad_sequence(list(drawn), batch_first=True, padding_value=-1)
-    if drawn.shape[1] < batch_size:
+    if drawn.shape[1] > batch_size:
+        drawn = drawn[:, :batch_size]
+    elif drawn.shape[1] < batch_size:
         drawn = torch.nn.functional.pad(drawn, (0, batch_size - drawn.shape[1]), value=-1)
     return drawn
 
@@ -279,13 +312,24 @@ def stack(models: Sequence[Params], device: torch.device) -> Params:
     return out
 
 
+def phase_buckets(data: ConcatenatedData, devices: Sequence[DeviceRuntime], loss_and_grad: Callable) -> list[list[int]]:
+    """Positions of ``devices`` to step together (``size_buckets``): every device of a group is
+    padded to its largest, in the dual form to the largest training set, else to the widest
+    minibatch (``batch_width``; on the CPU only: a GPU step costs about the same at any width)."""
+    sizes = [data.size[d.device_id] for d in devices]
+    if loss_and_grad is mclr_batched_loss_and_grad and dual_pays(sizes, data.x[0].numel()):
+        return size_buckets(sizes)
+    if data.device.type == "cpu":
+        return size_buckets([batch_width([d]) for d in devices])
+    return [list(range(len(devices)))]
+
+
 def run_phase(trainer: LocalTrainer, data: ConcatenatedData, devices: Sequence[DeviceRuntime],
               phases: Sequence[Phase], loss_and_grad: Callable, bucketed: bool = False) -> tuple[list[Params], list[float]]:
     """One phase of every device's plan, stepped together; returns each device's model and mean
     loss. MCLR on devices with fewer samples than features steps in the dual form (hfl.mclr_dual),
     in groups of similar sizes (``size_buckets``)."""
-    sizes = [data.size[d.device_id] for d in devices] if loss_and_grad is mclr_batched_loss_and_grad else []
-    if not bucketed and sizes and dual_pays(sizes, data.x[0].numel()) and len(buckets := size_buckets(sizes)) > 1:
+    if not bucketed and len(buckets := phase_buckets(data, devices, loss_and_grad)) > 1:
         models: list[Params | None] = [None] * len(devices)
         losses: list[float] = [0.0] * len(devices)
         for members in buckets:
@@ -298,8 +342,7 @@ def run_phase(trainer: LocalTrainer, data: ConcatenatedData, devices: Sequence[D
     steps = phases[0].steps
     if steps == 0:
         return [[p.clone() for p in ph.start] for ph in phases], [0.0] * len(phases)
-    batch = max(d.sampler.batch_size for d in devices)
-    index, weight = draw_batches(devices, [data.offset[d.device_id] for d in devices], steps, batch)
+    index, weight = draw_batches(devices, [data.offset[d.device_id] for d in devices], steps, batch_width(devices))
     index, weight = index.to(dev), weight.to(dev)
     theta = stack([ph.start for ph in phases], dev)
     lr = torch.tensor([ph.lr for ph in phases], device=dev)

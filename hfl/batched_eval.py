@@ -12,7 +12,7 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from torch.func import functional_call, vmap
 
-from hfl.batched import DeviceClientLike, stack
+from hfl.batched import DeviceClientLike, concatenated, stack
 from hfl.aggregate import nbytes
 from hfl.device import DeviceRuntime
 from hfl.inprocess import evaluate_child
@@ -50,7 +50,7 @@ def evaluate_models(trainer: LocalTrainer, models: Sequence[Params], xs: Sequenc
     sizes = [len(y) for y in ys]
     row = max((x[0].numel() for x in xs if len(x)), default=1)
     if all(all(torch.equal(a, b) for a, b in zip(m, models[0], strict=True)) for m in models[1:]):
-        x, y = torch.cat(list(xs)).to(device), torch.cat(list(ys)).to(device)
+        x, y = concatenated(xs, device), concatenated(ys, device)
         owner = torch.repeat_interleave(torch.arange(len(models), device=device), torch.tensor(sizes, device=device))
         loss = torch.zeros(len(models), dtype=torch.float64, device=device)
         correct = torch.zeros(len(models), dtype=torch.int64, device=device)

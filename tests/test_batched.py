@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from clients.base import DeviceClient
 from hfl import batched as batched_module
+from hfl import mclr_dual
 from hfl.apps import CONF_DIR
 from hfl.batched import (
     ConcatenatedData,
@@ -136,6 +137,16 @@ def _plans(devices: list[DeviceRuntime]) -> list[FitPlan]:
     return plans
 
 
+def _assert_same_replies(got: list, want: list, one: list[DeviceRuntime], many: list[DeviceRuntime]) -> None:
+    """Batched replies equal per-device ones and the samplers end alike."""
+    for (g_arrays, _, g_metrics), (w_arrays, _, w_metrics) in zip(got, want, strict=True):
+        for g, w in zip(g_arrays, w_arrays, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+        assert g_metrics["loss"] == pytest.approx(w_metrics["loss"], rel=1e-5)
+    for a, b in zip(one, many, strict=True):
+        assert a.sampler.pos == b.sampler.pos and torch.equal(a.sampler.perm, b.sampler.perm)
+
+
 def test_batched_plans_equal_per_device_plans_and_leave_samplers_alike():
     torch.manual_seed(0)
     model = DNN((6,), 3, hidden=5)
@@ -143,12 +154,47 @@ def test_batched_plans_equal_per_device_plans_and_leave_samplers_alike():
     many = [_device(i, n, 4, model=model) for i, n in enumerate([9, 17, 4])]
     want = [run_plan(d, p) for d, p in zip(one, _plans(one), strict=True)]
     got = run_plans(many, _plans(many), ConcatenatedData(many, torch.device("cpu")))
-    for (g_arrays, _, g_metrics), (w_arrays, _, w_metrics) in zip(got, want, strict=True):
-        for g, w in zip(g_arrays, w_arrays, strict=True):
-            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
-        assert g_metrics["loss"] == pytest.approx(w_metrics["loss"], rel=1e-5)
-    for a, b in zip(one, many, strict=True):
-        assert a.sampler.pos == b.sampler.pos and torch.equal(a.sampler.perm, b.sampler.perm)
+    _assert_same_replies(got, want, one, many)
+
+
+@pytest.mark.parametrize("model", [MCLR((6,), 3), DNN((6,), 3, hidden=5)], ids=["mclr", "dnn"])
+def test_width_buckets_equal_per_device_plans(monkeypatch, model):
+    """Devices smaller than the batch size are padded only to the group's widest draw, and on the
+    CPU a group splits by width (here forced: no fixed cost per bucket)."""
+    monkeypatch.setattr(mclr_dual, "BUCKET_OVERHEAD_ROWS", 0)
+    sizes = [2, 3, 17, 30, 5]  # batch 8: widths 2, 3, 8, 8, 5
+    data_ = ConcatenatedData([_device(i, n, 8, model=model) for i, n in enumerate(sizes)], torch.device("cpu"))
+    devices = [_device(i, n, 8, model=model) for i, n in enumerate(sizes)]
+    assert batched_module.phase_buckets(data_, devices, batched_loss_and_grad(devices[0].trainer)) == [[0], [1], [4], [2, 3]]
+    one = [_device(i, n, 8, model=model) for i, n in enumerate(sizes)]
+    want = [run_plan(d, p) for d, p in zip(one, _plans(one), strict=True)]
+    got = run_plans(devices, _plans(devices), ConcatenatedData(devices, torch.device("cpu")))
+    _assert_same_replies(got, want, one, devices)
+
+
+def test_batch_width_pads_small_devices_only_to_the_widest_draw():
+    devices = [_device(0, 3, 8), _device(1, 5, 8)]
+    assert batched_module.batch_width(devices) == 5
+    index, weight = draw_batches(devices, [0, 3], steps=2, batch_size=batched_module.batch_width(devices))
+    assert index.shape == (2, 2, 5)
+    torch.testing.assert_close(weight[:, 0], torch.tensor([[1 / 3] * 3 + [0.0, 0.0]] * 2))  # every step: all 3
+    torch.testing.assert_close(weight[:, 1], torch.full((2, 5), 0.2))
+    assert sorted(index[0, 0, :3].tolist()) == [0, 1, 2] and sorted(index[1, 1].tolist()) == [3, 4, 5, 6, 7]
+
+
+def test_concatenated_data_is_kept_while_its_parts_live():
+    cpu = torch.device("cpu")
+    a, b = torch.arange(3.0), torch.arange(3.0, 5.0)
+    first = batched_module.concatenated([a, b], cpu)
+    assert torch.equal(first, torch.arange(5.0))
+    assert batched_module.concatenated([a, b], cpu) is first  # the same parts: made once
+    assert batched_module.concatenated([b, a], cpu) is not first
+    c = torch.arange(3.0, 5.0) + 10  # another tensor with b's shape: another concatenation
+    assert torch.equal(batched_module.concatenated([a, c], cpu), torch.tensor([0.0, 1, 2, 13, 14]))
+    del b, first
+    for i in range(50):  # new tensors, some may reuse a freed id: never a stale concatenation
+        d = torch.full((2,), float(i))
+        assert torch.equal(batched_module.concatenated([a, d], cpu), torch.tensor([0.0, 1, 2, i, i]))
 
 
 # ---------------------------------------------------------------- device state in one file
