@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import numpy as np
 
 
+@functools.lru_cache(maxsize=2**16)  # a node derives its devices' seeds every round: SeedSequence is slow
 def derive_seed(seed: int, *keys: str | int) -> int:
     """A 32-bit seed derived from ``seed`` and a path of keys (stable across runs)."""
     words = [int(seed) & 0xFFFFFFFF]

@@ -26,7 +26,13 @@ Params = list[torch.Tensor]
 
 def to_tensors(arrays: Sequence[np.ndarray]) -> Params:
     """Copy NumPy arrays (e.g. from a Flower message) into float32 tensors."""
-    return [torch.tensor(np.asarray(a), dtype=torch.float32) for a in arrays]
+    out = []
+    for a in arrays:
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        # from_numpy + clone: half the per-call cost of torch.tensor (a node converts every round
+        # the same model for each of its devices); torch.tensor for read-only buffers
+        out.append(torch.from_numpy(a).clone() if a.flags.writeable else torch.tensor(a))
+    return out
 
 
 def to_ndarrays(params: Sequence[torch.Tensor]) -> list[np.ndarray]:
@@ -65,17 +71,16 @@ class BatchSampler:
         """``steps`` calls of ``next()`` as one ``[steps, batch_size]`` block, a short batch (an
         epoch's last) padded with -1: a slice per epoch crossed instead of one per step (the
         batched path, hfl.batched). The sampler ends where the ``steps`` calls leave it."""
-        pieces, taken = [], 0
+        out = torch.full((steps * self.batch_size,), -1, dtype=torch.int64)
+        taken = 0
         while taken < steps:
             rest = self._epoch()
             calls = min(steps - taken, -(-len(rest) // self.batch_size))
             block = rest[: calls * self.batch_size]
-            if len(block) < calls * self.batch_size:
-                block = torch.nn.functional.pad(block, (0, calls * self.batch_size - len(block)), value=-1)
-            pieces.append(block.view(calls, self.batch_size))
+            out[taken * self.batch_size : taken * self.batch_size + len(block)] = block
             self.pos += calls * self.batch_size
             taken += calls
-        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        return out.view(steps, self.batch_size)
 
     def state(self) -> dict[str, np.ndarray]:
         return {
