@@ -199,7 +199,7 @@ def batched_loss_and_grad(trainer: LocalTrainer) -> Callable:
 # ------------------------------------------------------------------ the batched path
 # Nodes (and their BatchedFit / BatchedEvaluate) are rebuilt for every message; their devices'
 # data tensors live on (the federation, or its lazy cache), so a node's concatenated data is
-# kept across messages, the most recent within this budget, each entry while its parts live.
+# kept across messages, the most recent within this budget, each entry until one of its parts dies.
 CONCAT_CACHE_BYTES = 512 * 2**20  # as much as the lazy device cache (dataset.cache_mb) keeps
 _CONCATENATED: OrderedDict[tuple, tuple[list[weakref.ref], torch.Tensor]] = OrderedDict()
 
@@ -212,7 +212,12 @@ def concatenated(parts: Sequence[torch.Tensor], device: torch.device) -> torch.T
         _CONCATENATED.move_to_end(key)
         return hit[1]
     out = torch.cat(list(parts)).to(device)
-    _CONCATENATED[key] = ([weakref.ref(part) for part in parts], out)
+
+    def forget(_: weakref.ref) -> None:  # a part is gone (its federation with it): so is the entry
+        if (entry := _CONCATENATED.get(key)) is not None and entry[1] is out:
+            del _CONCATENATED[key]
+
+    _CONCATENATED[key] = ([weakref.ref(part, forget) for part in parts], out)
     kept = sum(t.nbytes for _, t in _CONCATENATED.values())
     while kept > CONCAT_CACHE_BYTES and len(_CONCATENATED) > 1:
         kept -= _CONCATENATED.popitem(last=False)[1][1].nbytes

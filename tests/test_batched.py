@@ -195,6 +195,9 @@ def test_concatenated_data_is_kept_while_its_parts_live():
     for i in range(50):  # new tensors, some may reuse a freed id: never a stale concatenation
         d = torch.full((2,), float(i))
         assert torch.equal(batched_module.concatenated([a, d], cpu), torch.tensor([0.0, 1, 2, i, i]))
+    del d
+    kept = [parts for parts, _ in batched_module._CONCATENATED.values()]
+    assert all(ref() is not None for refs in kept for ref in refs)  # entries die with their parts
 
 
 # ---------------------------------------------------------------- device state in one file
