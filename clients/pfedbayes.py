@@ -132,12 +132,16 @@ def _run_group(plans: Sequence[BayesPlan], data: Any, loss_and_grad: Callable) -
     prior_rate = torch.tensor([p.lr * p.kl_weight for p in plans], device=dev)  # as fit's lr * kl_weight
     first = plans[0]
     plr = first.personal_lr
+    # every step's noise [steps, personal_steps, D, ...] per tensor, sent to the device at once
+    noise = [torch.stack([draw[1][s][k][j] for s in range(first.steps) for k in range(first.personal_steps)
+                          for draw in draws]).view(first.steps, first.personal_steps, len(plans), *m.shape[1:]).to(dev)
+             for j, m in enumerate(mu_q)] if first.steps * first.personal_steps else []
     total = torch.zeros(len(plans), device=dev)
     for s in range(first.steps):
         x, y = minibatch(data, index[s])
         sp2 = [F.softplus(r) ** 2 for r in rho_v]  # v stays put during the personal steps
         for k in range(first.personal_steps):
-            eps = [torch.stack([draw[1][s][k][j] for draw in draws]).to(dev) for j in range(len(mu_q))]
+            eps = [n[s, k] for n in noise]
             # fit's sample_weights, kl_grads (q's side) and personal_step, each softplus / sigmoid
             # taken once: the same expressions, so the same floats
             sq, sig = [F.softplus(r) for r in rho_q], [torch.sigmoid(r) for r in rho_q]
