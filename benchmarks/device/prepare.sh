@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Run here, in the repository root, before using a lent GPU machine (device tool). Its image has
+# torch but neither Flower, Hydra nor Ray, and reaches no package index: this fetches their
+# wheels for its Python (3.12, x86-64) into .whl/ and MNIST's test split into .gpudata/, both
+# ignored by git and carried with `carry: [".whl", ".gpudata"]` (64 MiB in all: Ray's wheel is
+# trimmed of its Java jar and its rllib/serve/llm/tune/train folders). There, start every
+# command with `source benchmarks/device/setup.sh`.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || printf '/.whl/\n/.gpudata/\n' >> .git/info/exclude
+mkdir -p .whl .gpudata/MNIST/raw
+cp ../shared/data/MNIST/raw/*.gz .gpudata/MNIST/raw/
+versions() { .venv/bin/pip show "$@" 2>/dev/null | awk '/^Name/{n=$2}/^Version/{print n"=="$2}'; }
+# What `import hfl.simulate` and a Ray team actor load that the image lacks (found by listing
+# sys.modules' distributions here against the image's package list, /work/.library/device/KINDS.md).
+specs=$(versions flwr hydra-core omegaconf grpcio grpcio-health-checking protobuf iterators pycryptodome dill \
+  cryptography cffi pycparser tomli tomli-w jsonschema jsonschema-specifications referencing rpds-py mako sqlalchemy \
+  alembic fastapi pydantic pydantic-core starlette typing-inspection annotated-types wcwidth)
+platforms="--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
+for spec in $specs; do
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    $platforms -d .whl "$spec" 2>&1 | grep -v WARNING || true
+done
+.venv/bin/pip wheel -q --no-deps -w .whl "$(versions antlr4-python3-runtime)"  # an sdist only
+ray=$(versions ray); tmp=$(mktemp -d)
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  $platforms -d "$tmp" "$ray" 2>&1 | grep -v WARNING || true
+python3 -m zipfile -e "$tmp"/ray-*.whl "$tmp/trim"
+(cd "$tmp/trim" && rm -rf ray/jars ray/dashboard/client/build ray/rllib ray/serve ray/llm ray/tune ray/train)
+python3 -c "import shutil, sys; shutil.make_archive(sys.argv[1], 'zip', sys.argv[2])" .whl/ray_trim "$tmp/trim"
+rm -rf "$tmp"
+du -sh .whl .gpudata
