@@ -129,22 +129,29 @@ def run_dual_steps(data: DualData, theta: list[torch.Tensor], anchor: list[torch
         base_a = base0 if torch.equal(a0, w0) else _batch_logits(data.x, a0, local)
         ua, va, acoef = torch.zeros_like(one), one, torch.zeros_like(coef)
         keep = 1.0 - lr_prox
+    # A fixed anchor that is the start: u <- keep*u and v <- keep*v + lr_prox keep u + v = 1, so
+    # the logits' offset is base0 itself and u, v need no updates.
+    start_anchor = anchor is not None and pull is None and base_a is base0
     total = torch.zeros(devices, dtype=w0.dtype, device=w0.device)
     for s in range(steps):
         k_batch = gram.index_select(0, flat[s]).view(devices, batch, n).transpose(1, 2)  # [D, n, B]
         scatter_at = local[s].unsqueeze(1).expand(-1, w0.shape[1], -1)  # [D, C, B]
         for _ in range(inner_steps):
             logits = torch.baddbmm(bias.unsqueeze(2), coef, k_batch)
-            logits = logits + u.view(-1, 1, 1) * base0[s]
-            if anchor is not None:
-                logits = logits + v.view(-1, 1, 1) * base_a[s]
+            if start_anchor:
+                logits = logits + base0[s]
+            else:
+                logits = logits + u.view(-1, 1, 1) * base0[s]
+                if anchor is not None:
+                    logits = logits + v.view(-1, 1, 1) * base_a[s]
             g, loss = weighted_nll_grad(logits, y[s], weight[s])
             bias_grad = g.sum(2)
             if anchor is None:
                 bias = bias - lr.view(-1, 1) * bias_grad
             else:
                 bias = bias - lr.view(-1, 1) * bias_grad - lr_prox.view(-1, 1) * (bias - abias)
-                u, v = _mix(keep, u, lr_prox, ua), _mix(keep, v, lr_prox, va)
+                if not start_anchor:
+                    u, v = _mix(keep, u, lr_prox, ua), _mix(keep, v, lr_prox, va)
                 coef = _mix(keep, coef, lr_prox, acoef) if pull is not None else keep.view(-1, 1, 1) * coef
             coef = coef.scatter_add(2, scatter_at, g * -lr.view(-1, 1, 1))
         if pull is not None:
@@ -152,7 +159,7 @@ def run_dual_steps(data: DualData, theta: list[torch.Tensor], anchor: list[torch
             ua, va, acoef = _mix(stay, ua, pull, u), _mix(stay, va, pull, v), _mix(stay, acoef, pull, coef)
             abias = _mix(stay, abias, pull, bias)
         total += loss
-    weight_out = _rebuild(data.x, w0, anchor[0] if anchor is not None else None, u, v, coef)
+    weight_out = _rebuild(data.x, w0, anchor[0] if anchor is not None and not start_anchor else None, u, v, coef)
     moved = None
     if pull is not None:
         moved = [_rebuild(data.x, w0, anchor[0], ua, va, acoef), abias]
