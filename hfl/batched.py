@@ -202,6 +202,14 @@ def batched_loss_and_grad(trainer: LocalTrainer) -> Callable:
 # kept across messages, the most recent within this budget, each entry until one of its parts dies.
 CONCAT_CACHE_BYTES = 512 * 2**20  # as much as the lazy device cache (dataset.cache_mb) keeps
 _CONCATENATED: OrderedDict[tuple, tuple[list[weakref.ref], torch.Tensor]] = OrderedDict()
+_KEPT_BYTES = [0]  # a running total: the weakref callback may fire at any moment, so nothing iterates the dict
+
+
+def _drop(key: tuple, out: torch.Tensor) -> None:
+    entry = _CONCATENATED.get(key)
+    if entry is not None and entry[1] is out:
+        del _CONCATENATED[key]
+        _KEPT_BYTES[0] -= out.nbytes
 
 
 def concatenated(parts: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -212,15 +220,15 @@ def concatenated(parts: Sequence[torch.Tensor], device: torch.device) -> torch.T
         _CONCATENATED.move_to_end(key)
         return hit[1]
     out = torch.cat(list(parts)).to(device)
-
-    def forget(_: weakref.ref) -> None:  # a part is gone (its federation with it): so is the entry
-        if (entry := _CONCATENATED.get(key)) is not None and entry[1] is out:
-            del _CONCATENATED[key]
-
-    _CONCATENATED[key] = ([weakref.ref(part, forget) for part in parts], out)
-    kept = sum(t.nbytes for _, t in _CONCATENATED.values())
-    while kept > CONCAT_CACHE_BYTES and len(_CONCATENATED) > 1:
-        kept -= _CONCATENATED.popitem(last=False)[1][1].nbytes
+    if hit is not None:  # a stale entry under a reused id
+        _drop(key, hit[1])
+    # a part is gone (its federation with it): so is the entry
+    refs = [weakref.ref(part, lambda _, key=key, out=out: _drop(key, out)) for part in parts]
+    _CONCATENATED[key] = (refs, out)
+    _KEPT_BYTES[0] += out.nbytes
+    while _KEPT_BYTES[0] > CONCAT_CACHE_BYTES and len(_CONCATENATED) > 1:
+        _, (_, old) = _CONCATENATED.popitem(last=False)
+        _KEPT_BYTES[0] -= old.nbytes
     return out
 
 

@@ -198,6 +198,18 @@ def test_concatenated_data_is_kept_while_its_parts_live():
     del d
     kept = [parts for parts, _ in batched_module._CONCATENATED.values()]
     assert all(ref() is not None for refs in kept for ref in refs)  # entries die with their parts
+    assert batched_module._KEPT_BYTES[0] == sum(out.nbytes for _, out in batched_module._CONCATENATED.values())
+
+
+def test_concatenated_data_keeps_the_most_recent_within_its_budget(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(batched_module, "CONCAT_CACHE_BYTES", 2 * 4 * 1000)  # two of the entries below
+    parts = [[torch.full((500,), float(i)), torch.full((500,), float(i))] for i in range(4)]
+    made = [batched_module.concatenated(p, cpu) for p in parts]
+    assert batched_module.concatenated(parts[3], cpu) is made[3]  # recent: kept
+    again = batched_module.concatenated(parts[0], cpu)
+    assert again is not made[0] and torch.equal(again, made[0])  # evicted: made again
+    assert batched_module._KEPT_BYTES[0] <= 2 * 4 * 1000
 
 
 # ---------------------------------------------------------------- device state in one file
