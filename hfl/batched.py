@@ -338,19 +338,25 @@ def phase_buckets(data: ConcatenatedData, devices: Sequence[DeviceRuntime], loss
 
 
 def run_phase(trainer: LocalTrainer, data: ConcatenatedData, devices: Sequence[DeviceRuntime],
-              phases: Sequence[Phase], loss_and_grad: Callable, bucketed: bool = False) -> tuple[list[Params], list[float]]:
-    """One phase of every device's plan, stepped together; returns each device's model and mean
-    loss. MCLR on devices with fewer samples than features steps in the dual form (hfl.mclr_dual),
-    in groups of similar sizes (``size_buckets``)."""
-    if not bucketed and len(buckets := phase_buckets(data, devices, loss_and_grad)) > 1:
-        models: list[Params | None] = [None] * len(devices)
-        losses: list[float] = [0.0] * len(devices)
-        for members in buckets:
-            got = run_phase(trainer, data, [devices[i] for i in members], [phases[i] for i in members],
-                            loss_and_grad, bucketed=True)
-            for i, model, loss in zip(members, *got, strict=True):
-                models[i], losses[i] = model, loss
-        return models, losses  # type: ignore[return-value]
+              phases: Sequence[Phase], loss_and_grad: Callable) -> tuple[list[Params], list[float]]:
+    """One phase of every device's plan, stepped together in groups of similar sizes
+    (``phase_buckets``); returns each device's model and mean loss."""
+    buckets = phase_buckets(data, devices, loss_and_grad)
+    if len(buckets) == 1:
+        return _step_together(data, devices, phases, loss_and_grad)
+    models: list[Params | None] = [None] * len(devices)
+    losses: list[float] = [0.0] * len(devices)
+    for members in buckets:
+        got = _step_together(data, [devices[i] for i in members], [phases[i] for i in members], loss_and_grad)
+        for i, model, loss in zip(members, *got, strict=True):
+            models[i], losses[i] = model, loss
+    return models, losses  # type: ignore[return-value]
+
+
+def _step_together(data: ConcatenatedData, devices: Sequence[DeviceRuntime], phases: Sequence[Phase],
+                   loss_and_grad: Callable) -> tuple[list[Params], list[float]]:
+    """One phase of ``devices`` as one computation. MCLR on devices with fewer samples than
+    features steps in the dual form (hfl.mclr_dual)."""
     dev = data.device
     steps = phases[0].steps
     if steps == 0:
@@ -361,7 +367,9 @@ def run_phase(trainer: LocalTrainer, data: ConcatenatedData, devices: Sequence[D
     lr = torch.tensor([ph.lr for ph in phases], device=dev)
     anchored = any(ph.anchor is not None for ph in phases)
     if anchored:
-        anchor = stack([ph.anchor if ph.anchor is not None else ph.start for ph in phases], dev)
+        # PerMFL, FedProx...: the anchor is the start, already on the device
+        anchor = theta if all(ph.anchor is None or ph.anchor is ph.start for ph in phases) else \
+            stack([ph.anchor if ph.anchor is not None else ph.start for ph in phases], dev)
         lr_prox = torch.tensor([ph.lr * ph.prox if ph.anchor is not None else 0.0 for ph in phases], device=dev)
     pulled = phases[0].pull is not None  # the same for every phase run together (signature)
     if pulled:

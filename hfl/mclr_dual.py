@@ -126,7 +126,7 @@ def run_dual_steps(data: DualData, theta: list[torch.Tensor], anchor: list[torch
     if anchor is not None:
         a0, abias = anchor
         # PerMFL, FedProx...: the anchor is the start (one product, not two)
-        base_a = base0 if torch.equal(a0, w0) else _batch_logits(data.x, a0, local)
+        base_a = base0 if a0 is w0 or torch.equal(a0, w0) else _batch_logits(data.x, a0, local)
         ua, va, acoef = torch.zeros_like(one), one, torch.zeros_like(coef)
         keep = 1.0 - lr_prox
     # A fixed anchor that is the start: u <- keep*u and v <- keep*v + lr_prox keep u + v = 1, so
