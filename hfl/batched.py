@@ -33,8 +33,9 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from flwr.common import (
@@ -198,38 +199,48 @@ def batched_loss_and_grad(trainer: LocalTrainer) -> Callable:
 
 # ------------------------------------------------------------------ the batched path
 # Nodes (and their BatchedFit / BatchedEvaluate) are rebuilt for every message; their devices'
-# data tensors live on (the federation, or its lazy cache), so a node's concatenated data is
-# kept across messages, the most recent within this budget, each entry until one of its parts dies.
+# data tensors live on (the federation, or its lazy cache), so what a node makes of its devices'
+# data (their concatenation, MCLR's dual-form data) is kept across messages, the most recent
+# within this budget, each entry until one of its parts dies.
 CONCAT_CACHE_BYTES = 512 * 2**20  # as much as the lazy device cache (dataset.cache_mb) keeps
-_CONCATENATED: OrderedDict[tuple, tuple[list[weakref.ref], torch.Tensor]] = OrderedDict()
+# key -> (weak references to the parts, what was made of them, its bytes)
+_KEPT: OrderedDict[tuple, tuple[list[weakref.ref], object, int]] = OrderedDict()
 _KEPT_BYTES = [0]  # a running total: the weakref callback may fire at any moment, so nothing iterates the dict
+T = TypeVar("T")
 
 
-def _drop(key: tuple, out: torch.Tensor) -> None:
-    entry = _CONCATENATED.get(key)
+def _drop(key: tuple, out: object) -> None:
+    entry = _KEPT.get(key)
     if entry is not None and entry[1] is out:
-        del _CONCATENATED[key]
-        _KEPT_BYTES[0] -= out.nbytes
+        del _KEPT[key]
+        _KEPT_BYTES[0] -= entry[2]
 
 
-def concatenated(parts: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """``torch.cat(parts).to(device)``, made once for the same parts (the same tensor objects)."""
-    key = (str(device), *map(id, parts))
-    hit = _CONCATENATED.get(key)
+def kept(kind: str, parts: Sequence[torch.Tensor], device: torch.device, make: Callable[[], T],
+         nbytes: Callable[[T], int]) -> T:
+    """``make()``, made once for the same ``kind``, ``parts`` (the same tensor objects) and device."""
+    key = (kind, str(device), *map(id, parts))
+    hit = _KEPT.get(key)
     if hit is not None and all(ref() is part for ref, part in zip(hit[0], parts, strict=True)):
-        _CONCATENATED.move_to_end(key)
-        return hit[1]
-    out = torch.cat(list(parts)).to(device)
+        _KEPT.move_to_end(key)
+        return hit[1]  # type: ignore[return-value]
+    out = make()
     if hit is not None:  # a stale entry under a reused id
         _drop(key, hit[1])
     # a part is gone (its federation with it): so is the entry
     refs = [weakref.ref(part, lambda _, key=key, out=out: _drop(key, out)) for part in parts]
-    _CONCATENATED[key] = (refs, out)
-    _KEPT_BYTES[0] += out.nbytes
-    while _KEPT_BYTES[0] > CONCAT_CACHE_BYTES and len(_CONCATENATED) > 1:
-        _, (_, old) = _CONCATENATED.popitem(last=False)
-        _KEPT_BYTES[0] -= old.nbytes
+    size = nbytes(out)
+    _KEPT[key] = (refs, out, size)
+    _KEPT_BYTES[0] += size
+    while _KEPT_BYTES[0] > CONCAT_CACHE_BYTES and len(_KEPT) > 1:
+        _, (_, _, old) = _KEPT.popitem(last=False)
+        _KEPT_BYTES[0] -= old
     return out
+
+
+def concatenated(parts: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """``torch.cat(parts).to(device)``, made once for the same parts (``kept``)."""
+    return kept("cat", parts, device, lambda: torch.cat(list(parts)).to(device), lambda t: t.nbytes)
 
 
 class ConcatenatedData:
@@ -253,7 +264,9 @@ class ConcatenatedData:
             sizes = [self.size[i] for i in key]
             if not dual_pays(sizes, self.x[0].numel()):
                 return None
-            self._dual[key] = make_dual_data([d.x_train for d in devices], self.device)
+            xs = [d.x_train for d in devices]
+            self._dual[key] = kept("dual", xs, self.device, lambda: make_dual_data(xs, self.device),
+                                   lambda dual: dual.x.nbytes + dual.gram.nbytes)
         return self._dual[key]
 
 
@@ -268,33 +281,33 @@ def draw_batches(devices: Sequence[DeviceRuntime], offsets: Sequence[int], steps
     """Every step's minibatch of every device, from its own sampler (advanced exactly as the
     per-device path would): row indices into the concatenated data ``[steps, D, B]`` and the
     weights ``[steps, D, B]`` (1/len of the batch for real rows, 0 for padding)."""
-    return pad_batches([dev.sampler.take(steps) for dev in devices], offsets, batch_size)
+    return pad_batches([dev.sampler.take_array(steps) for dev in devices], offsets, batch_size)
 
 
-def pad_batches(drawn: Sequence[torch.Tensor | Sequence[torch.Tensor]], offsets: Sequence[int],
+def pad_batches(drawn: Sequence[np.ndarray | torch.Tensor | Sequence[torch.Tensor]], offsets: Sequence[int],
                 batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each device's minibatches (rows of its own data: a ``BatchSampler.take`` block, or a list of
     ``steps`` index tensors) as ``draw_batches`` returns them."""
-    blocks = [_block(d, batch_size) for d in drawn]
-    if all(bool((b[:, -1] >= 0).all()) for b in blocks):  # no short batch: the common case
-        index = torch.stack(blocks, dim=1) + torch.tensor(offsets).view(1, -1, 1)  # [steps, D, B]
-        return index, torch.full(index.shape, 1.0 / batch_size)
-    index = torch.stack(blocks, dim=1)
+    index = np.stack([_block(d, batch_size) for d in drawn], axis=1)  # [steps, D, B]
+    at = np.asarray(offsets, dtype=np.int64).reshape(1, -1, 1)
+    if (index[:, :, -1] >= 0).all():  # no short batch: the common case
+        return torch.from_numpy(index + at), torch.full(index.shape, 1.0 / batch_size)
     # Short last batches of an epoch: padded with the device's first row, weighted 0.
-    real = index >= 0
-    index = torch.where(real, index, 0) + torch.tensor(offsets).view(1, -1, 1)
-    return index, real.float() / real.sum(2, keepdim=True)
+    real = torch.from_numpy(index >= 0)
+    return torch.from_numpy(np.where(index >= 0, index, 0) + at), real.float() / real.sum(2, keepdim=True)
 
 
-def _block(drawn: torch.Tensor | Sequence[torch.Tensor], batch_size: int) -> torch.Tensor:
+def _block(drawn: np.ndarray | torch.Tensor | Sequence[torch.Tensor], batch_size: int) -> np.ndarray:
     """``[steps, batch_size]``, -1 where a batch is short (columns past ``batch_size``, the group's
     ``batch_width``, hold only -1)."""
-    if not isinstance(drawn, torch.Tensor):
-        drawn = torch.nn.utils.rnn.pad_sequence(list(drawn), batch_first=True, padding_value=-1)
+    if isinstance(drawn, torch.Tensor):
+        drawn = drawn.numpy()
+    elif not isinstance(drawn, np.ndarray):
+        drawn = torch.nn.utils.rnn.pad_sequence(list(drawn), batch_first=True, padding_value=-1).numpy()
     if drawn.shape[1] > batch_size:
         drawn = drawn[:, :batch_size]
     elif drawn.shape[1] < batch_size:
-        drawn = torch.nn.functional.pad(drawn, (0, batch_size - drawn.shape[1]), value=-1)
+        drawn = np.pad(drawn, ((0, 0), (0, batch_size - drawn.shape[1])), constant_values=-1)
     return drawn
 
 

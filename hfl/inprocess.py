@@ -34,6 +34,7 @@ from flwr.server.strategy import Strategy
 
 from hfl.aggregate import nbytes
 from hfl.faults import SimulatedFault
+from hfl.payload import payload_nbytes
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,7 @@ def run_fit_rounds(
             if res.status.code != Code.OK:
                 failures.append((proxy, res))
                 continue
-            report.bytes_up += nbytes(res.parameters.tensors)
+            report.bytes_up += payload_nbytes(res.parameters)
             report.add_child_counters(res.metrics)
             results.append((proxy, res))
         report.failures += len(failures)

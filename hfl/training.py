@@ -53,14 +53,19 @@ class BatchSampler:
         self.batch_size = batch_size
         self.generator = torch.Generator().manual_seed(seed)
         self.perm = torch.empty(0, dtype=torch.int64)
+        self._order = self.perm.numpy()  # the same memory as perm: NumPy slices small rows ~5x cheaper
         self.pos = 0
 
     def _epoch(self) -> torch.Tensor:
         """The current epoch's samples not yet drawn (a new shuffled epoch when none are left)."""
         if self.pos >= len(self.perm):
-            self.perm = torch.randperm(self.num_samples, generator=self.generator)
-            self.pos = 0
+            self._new_epoch()
         return self.perm[self.pos :]
+
+    def _new_epoch(self) -> None:
+        self.perm = torch.randperm(self.num_samples, generator=self.generator)
+        self._order = self.perm.numpy()
+        self.pos = 0
 
     def next(self) -> torch.Tensor:
         batch = self._epoch()[: self.batch_size]
@@ -69,18 +74,26 @@ class BatchSampler:
 
     def take(self, steps: int) -> torch.Tensor:
         """``steps`` calls of ``next()`` as one ``[steps, batch_size]`` block, a short batch (an
-        epoch's last) padded with -1: a slice per epoch crossed instead of one per step (the
-        batched path, hfl.batched). The sampler ends where the ``steps`` calls leave it."""
-        out = torch.full((steps * self.batch_size,), -1, dtype=torch.int64)
+        epoch's last) padded with -1 (the batched path, hfl.batched). The sampler ends where the
+        ``steps`` calls leave it."""
+        return torch.from_numpy(self.take_array(steps))
+
+    def take_array(self, steps: int) -> np.ndarray:
+        """``take`` as a NumPy array: a slice per epoch crossed instead of one per step, in NumPy
+        (a device smaller than its batch crosses one every step; 700 such devices a team round)."""
+        size = self.batch_size
+        out = np.full(steps * size, -1, dtype=np.int64)
         taken = 0
         while taken < steps:
-            rest = self._epoch()
-            calls = min(steps - taken, -(-len(rest) // self.batch_size))
-            block = rest[: calls * self.batch_size]
-            out[taken * self.batch_size : taken * self.batch_size + len(block)] = block
-            self.pos += calls * self.batch_size
+            if self.pos >= len(self._order):
+                self._new_epoch()
+            rest = self._order[self.pos :]
+            calls = min(steps - taken, -(-len(rest) // size))
+            block = rest[: calls * size]
+            out[taken * size : taken * size + len(block)] = block
+            self.pos += calls * size
             taken += calls
-        return out.view(steps, self.batch_size)
+        return out.reshape(steps, size)
 
     def state(self) -> dict[str, np.ndarray]:
         return {
@@ -91,6 +104,7 @@ class BatchSampler:
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         self.perm = torch.from_numpy(np.array(state["perm"], dtype=np.int64))
+        self._order = self.perm.numpy()
         self.pos = int(state["pos"])
         self.generator.set_state(torch.from_numpy(np.array(state["generator"], dtype=np.uint8)))
 

@@ -53,6 +53,9 @@ def test_sampler_take_is_next_called_steps_times():
         assert got.shape == (steps, 8)
         assert [[i for i in g.tolist() if i >= 0] for g in got] == [w.tolist() for w in want]  # -1 pads short ones
         assert a.pos == b.pos and torch.equal(a.perm, b.perm)
+    c = BatchSampler(50, 8, seed=99)
+    c.restore(a.state())  # mid-epoch: take goes on from the restored permutation and generator
+    assert torch.equal(c.take(7), a.take(7))
 
 
 def _device(i: int, n: int, batch: int, dim: int = 6, classes: int = 3, model: torch.nn.Module | None = None) -> DeviceRuntime:
@@ -196,9 +199,19 @@ def test_concatenated_data_is_kept_while_its_parts_live():
         d = torch.full((2,), float(i))
         assert torch.equal(batched_module.concatenated([a, d], cpu), torch.tensor([0.0, 1, 2, i, i]))
     del d
-    kept = [parts for parts, _ in batched_module._CONCATENATED.values()]
+    kept = [parts for parts, _, _ in batched_module._KEPT.values()]
     assert all(ref() is not None for refs in kept for ref in refs)  # entries die with their parts
-    assert batched_module._KEPT_BYTES[0] == sum(out.nbytes for _, out in batched_module._CONCATENATED.values())
+    assert batched_module._KEPT_BYTES[0] == sum(size for _, _, size in batched_module._KEPT.values())
+    assert all(size == out.nbytes for _, out, size in batched_module._KEPT.values() if isinstance(out, torch.Tensor))
+
+
+def test_dual_data_is_kept_across_nodes_of_the_same_devices():
+    devices = [_device(i, 5 + i, 4, dim=12) for i in range(3)]  # fewer samples than features: dual
+    cpu = torch.device("cpu")
+    first = ConcatenatedData(devices, cpu).dual(devices)
+    assert first is not None and first.x.shape == (3, 7, 12)
+    assert ConcatenatedData(devices, cpu).dual(devices) is first  # a node rebuilt for the next message
+    assert ConcatenatedData(devices[:2], cpu).dual(devices[:2]) is not first
 
 
 def test_concatenated_data_keeps_the_most_recent_within_its_budget(monkeypatch):

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
 from hfl.device import stored_device_states
 from hfl.errors import ConfigError
 from hfl.node import build_node, federation_for, initial_model
-from hfl.payload import Payload, pack, unpack
+from hfl.payload import LocalParameters, Payload, pack, payload_nbytes, unpack
 from hfl.sampling import sample_children, sample_size
 from hfl.simulate import run
 from hfl.store import StateStore
@@ -338,6 +338,20 @@ def test_duplicate_device_message_names_it(tmp_path):
 
 
 # ---------------------------------------------------------------- 7. payloads
+def test_local_parameters_count_and_encode_their_arrays_lazily():
+    arrays = [np.arange(12, dtype=np.float32).reshape(3, 4), np.zeros(0), np.asfortranarray(np.ones((2, 3))),
+              np.array(2.5), np.float32(1.5), np.arange(10)[::3]]
+    local = LocalParameters(arrays)
+    assert local._tensors is None  # nothing encoded yet
+    encoded = ndarrays_to_parameters(arrays)
+    assert payload_nbytes(local) == sum(len(t) for t in encoded.tensors)  # counted as Flower sends them
+    assert local._tensors is None
+    assert local.tensors == encoded.tensors  # encoded when read: Flower's bytes
+    assert all(np.array_equal(a, b) for a, b in zip(parameters_to_ndarrays(local), arrays, strict=True))
+    with pytest.raises(ValueError):  # the bytes, whenever made, are those of the reply
+        local.arrays[0][0, 0] = 7.0
+
+
 def _a(*values: float) -> np.ndarray:
     return np.array(values, dtype=np.float32)
 
