@@ -350,7 +350,7 @@ def phase_buckets(data: ConcatenatedData, devices: Sequence[DeviceRuntime], loss
     return [list(range(len(devices)))]
 
 
-def run_phase(trainer: LocalTrainer, data: ConcatenatedData, devices: Sequence[DeviceRuntime],
+def run_phase(data: ConcatenatedData, devices: Sequence[DeviceRuntime],
               phases: Sequence[Phase], loss_and_grad: Callable) -> tuple[list[Params], list[float]]:
     """One phase of every device's plan, stepped together in groups of similar sizes
     (``phase_buckets``); returns each device's model and mean loss."""
@@ -434,8 +434,7 @@ def run_plans(devices: Sequence[DeviceRuntime], plans: Sequence[FitPlan | GroupP
     another kind (``GroupPlan``) are stepped together by their class."""
     if not devices:
         return []
-    trainer = devices[0].trainer
-    loss_and_grad = batched_loss_and_grad(trainer)
+    loss_and_grad = batched_loss_and_grad(devices[0].trainer)
 
     def key(i: int) -> Hashable:
         plan = plans[i]
@@ -448,7 +447,7 @@ def run_plans(devices: Sequence[DeviceRuntime], plans: Sequence[FitPlan | GroupP
         group_devices = [devices[i] for i in members]
         results: list[tuple[list[Params], list[float]]] = [([], []) for _ in members]
         for p in range(len(plans[members[0]].phases)):
-            models, losses = run_phase(trainer, data, group_devices, [plans[i].phases[p] for i in members], loss_and_grad)
+            models, losses = run_phase(data, group_devices, [plans[i].phases[p] for i in members], loss_and_grad)
             for r, (m, loss) in enumerate(zip(models, losses, strict=True)):
                 results[r][0].append(m)
                 results[r][1].append(loss)

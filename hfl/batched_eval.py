@@ -12,7 +12,7 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from torch.func import functional_call, vmap
 
-from hfl.batched import DeviceClientLike, concatenated, kept, stack
+from hfl.batched import DeviceClientLike, concatenated, stack
 from hfl.aggregate import nbytes
 from hfl.device import DeviceRuntime
 from hfl.inprocess import evaluate_child
@@ -69,9 +69,12 @@ def evaluate_models(trainer: LocalTrainer, models: Sequence[Params], xs: Sequenc
         while end < len(order) and (end - start + 1) * max(sizes[order[end]], 1) * row <= max_elements:
             end += 1
         chunk = order[start:end]
-        parts = [xs[m] for m in chunk] + [ys[m] for m in chunk]
-        x, y, mask = kept("padded test sets", parts, device, lambda: _padded(parts, device),
-                          lambda made: sum(t.nbytes for t in made))
+        longest = max(sizes[chunk[-1]], 1)
+        x = torch.zeros(len(chunk), longest, *xs[chunk[0]].shape[1:], device=device)
+        y = torch.zeros(len(chunk), longest, dtype=torch.int64, device=device)
+        mask = torch.zeros(len(chunk), longest, dtype=torch.bool, device=device)
+        for i, m in enumerate(chunk):
+            x[i, :sizes[m]], y[i, :sizes[m]], mask[i, :sizes[m]] = xs[m].to(device), ys[m].to(device), True
         nll, hit = _scores(log_probs(stack([models[m] for m in chunk], device), x), y)
         loss = torch.where(mask, nll, torch.zeros_like(nll)).sum(1).cpu().tolist()
         correct = (hit & mask).sum(1).cpu().tolist()
@@ -79,20 +82,6 @@ def evaluate_models(trainer: LocalTrainer, models: Sequence[Params], xs: Sequenc
             out[m] = (float(loss[i]), int(correct[i]), sizes[m])
         start = end
     return [out[m] for m in range(len(models))]
-
-
-def _padded(parts: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Test sets (``parts``: their inputs, then their labels) stacked ``[D, longest, ...]``, zero
-    padded, with the mask of real rows. Kept across messages (hfl.batched.kept): a node tests the
-    same devices' personal models every round."""
-    xs, ys = parts[: len(parts) // 2], parts[len(parts) // 2 :]
-    longest = max(max(len(y) for y in ys), 1)
-    x = torch.zeros(len(xs), longest, *xs[0].shape[1:], device=device)
-    y = torch.zeros(len(xs), longest, dtype=torch.int64, device=device)
-    mask = torch.zeros(len(xs), longest, dtype=torch.bool, device=device)
-    for i, (xi, yi) in enumerate(zip(xs, ys, strict=True)):
-        x[i, :len(yi)], y[i, :len(yi)], mask[i, :len(yi)] = xi.to(device), yi.to(device), True
-    return x, y, mask
 
 
 class BatchedEvaluate:
