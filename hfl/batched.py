@@ -378,7 +378,9 @@ def _step_together(data: ConcatenatedData, devices: Sequence[DeviceRuntime], pha
     index, weight = index.to(dev), weight.to(dev)
     theta = stack([ph.start for ph in phases], dev)
     lr = torch.tensor([ph.lr for ph in phases], device=dev)
-    anchored = any(ph.anchor is not None for ph in phases)
+    # An anchor with no pull on it (prox 0 and not moving: AL2GD's received model) changes nothing:
+    # stepped without, the dual form needs neither its logits nor its coefficients.
+    anchored = any(ph.anchor is not None and (ph.prox != 0.0 or ph.pull is not None) for ph in phases)
     if anchored:
         # PerMFL, FedProx...: the anchor is the start, already on the device
         anchor = theta if all(ph.anchor is None or ph.anchor is ph.start for ph in phases) else \

@@ -160,6 +160,35 @@ def test_batched_plans_equal_per_device_plans_and_leave_samplers_alike():
     _assert_same_replies(got, want, one, many)
 
 
+@pytest.mark.parametrize("dim", [6, 40], ids=["primal", "dual"])  # 40 features > every device's samples: dual form
+def test_an_anchor_without_pull_is_stepped_as_no_anchor(monkeypatch, dim):
+    """AL2GD's phases carry the received model as an anchor with prox 0: the batched path drops
+    it (no anchor logits, no coefficient updates) and gets exactly the plain SGD models."""
+    def plans(devices: list[DeviceRuntime], anchored: bool) -> list[FitPlan]:
+        out = []
+        for d in devices:
+            start = [p + 0.01 * d.device_id for p in d.trainer.initial_params()]
+            anchor = [p * 0.5 for p in start] if anchored else None
+            out.append(FitPlan([Phase(start, 6, 0.1, anchor, 0.0)], lambda models, losses: ([m.numpy() for m in models[0]], 1, {})))
+        return out
+
+    anchors_seen = []
+
+    def dual_steps(data, theta, anchor, *args):  # noqa: ANN001, ANN202
+        anchors_seen.append(anchor)
+        return mclr_dual.run_dual_steps(data, theta, anchor, *args)
+
+    monkeypatch.setattr(batched_module, "run_dual_steps", dual_steps)
+    results = []
+    for anchored in (True, False):
+        torch.manual_seed(0)  # the same initial models
+        devices = [_device(i, n, 4, dim=dim) for i, n in enumerate([9, 17, 4])]
+        results.append(run_plans(devices, plans(devices, anchored), ConcatenatedData(devices, torch.device("cpu"))))
+    for (with_anchor, _, _), (without, _, _) in zip(*results, strict=True):
+        assert all(np.array_equal(a, b) for a, b in zip(with_anchor, without, strict=True))
+    assert anchors_seen == ([None, None] if dim == 40 else [])  # the dual form was never handed the anchor
+
+
 @pytest.mark.parametrize("model", [MCLR((6,), 3), DNN((6,), 3, hidden=5)], ids=["mclr", "dnn"])
 def test_width_buckets_equal_per_device_plans(monkeypatch, model):
     """Devices smaller than the batch size are padded only to the group's widest draw, and on the
