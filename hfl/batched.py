@@ -254,20 +254,15 @@ class ConcatenatedData:
         sizes = [len(d.y_train) for d in devices]
         self.offset = {d.device_id: sum(sizes[:i]) for i, d in enumerate(devices)}
         self.size = {d.device_id: n for d, n in zip(devices, sizes, strict=True)}
-        self._dual: dict[tuple[int, ...], DualData] = {}
 
     def dual(self, devices: Sequence[DeviceRuntime]) -> DualData | None:
         """MCLR's dual-form data of ``devices`` (hfl.mclr_dual) when it pays, kept for later
-        phases of the same group; None when the primal step is cheaper."""
-        key = tuple(d.device_id for d in devices)
-        if key not in self._dual:
-            sizes = [self.size[i] for i in key]
-            if not dual_pays(sizes, self.x[0].numel()):
-                return None
-            xs = [d.x_train for d in devices]
-            self._dual[key] = kept("dual", xs, self.device, lambda: make_dual_data(xs, self.device),
-                                   lambda dual: dual.x.nbytes + dual.gram.nbytes)
-        return self._dual[key]
+        phases and messages of the same group (``kept``); None when the primal step is cheaper."""
+        if not dual_pays([self.size[d.device_id] for d in devices], self.x[0].numel()):
+            return None
+        xs = [d.x_train for d in devices]
+        return kept("dual", xs, self.device, lambda: make_dual_data(xs, self.device),
+                    lambda dual: dual.x.nbytes + dual.gram.nbytes)
 
 
 def batch_width(devices: Sequence[DeviceRuntime]) -> int:
@@ -281,7 +276,7 @@ def draw_batches(devices: Sequence[DeviceRuntime], offsets: Sequence[int], steps
     """Every step's minibatch of every device, from its own sampler (advanced exactly as the
     per-device path would): row indices into the concatenated data ``[steps, D, B]`` and the
     weights ``[steps, D, B]`` (1/len of the batch for real rows, 0 for padding)."""
-    return pad_batches([dev.sampler.take_array(steps) for dev in devices], offsets, batch_size)
+    return pad_batches([dev.sampler.take(steps) for dev in devices], offsets, batch_size)
 
 
 def pad_batches(drawn: Sequence[np.ndarray | torch.Tensor | Sequence[torch.Tensor]], offsets: Sequence[int],
@@ -293,8 +288,9 @@ def pad_batches(drawn: Sequence[np.ndarray | torch.Tensor | Sequence[torch.Tenso
     if (index[:, :, -1] >= 0).all():  # no short batch: the common case
         return torch.from_numpy(index + at), torch.full(index.shape, 1.0 / batch_size)
     # Short last batches of an epoch: padded with the device's first row, weighted 0.
-    real = torch.from_numpy(index >= 0)
-    return torch.from_numpy(np.where(index >= 0, index, 0) + at), real.float() / real.sum(2, keepdim=True)
+    real = index >= 0
+    weight = torch.from_numpy(real).float()
+    return torch.from_numpy(np.where(real, index, 0) + at), weight / torch.from_numpy(real.sum(2, keepdims=True))
 
 
 def _block(drawn: np.ndarray | torch.Tensor | Sequence[torch.Tensor], batch_size: int) -> np.ndarray:

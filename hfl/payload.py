@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.common import NDArrays, Parameters, Scalar, ndarray_to_bytes, parameters_to_ndarrays
 
+from hfl.aggregate import nbytes
+
 KINDS = ("model", "delta", "gradient", "parts", "empty")
 MAIN = "model"  # the part that single-array kinds are stored under
 
@@ -118,12 +120,16 @@ class LocalParameters(Parameters):
     def tensors(self, value: list[bytes]) -> None:
         self._tensors = list(value)
 
+    def nbytes(self) -> int:
+        """The bytes ``tensors`` hold (or will), without encoding the arrays."""
+        if self._tensors is not None:
+            return nbytes(self._tensors)
+        return sum(npy_nbytes(a) for a in self.arrays)
+
 
 def payload_nbytes(parameters: Parameters) -> int:
     """Bytes of ``parameters`` as sent (the bytes counters): ``LocalParameters`` without encoding."""
-    if isinstance(parameters, LocalParameters) and parameters._tensors is None:
-        return sum(npy_nbytes(a) for a in parameters.arrays)
-    return sum(len(t) for t in parameters.tensors)
+    return parameters.nbytes() if isinstance(parameters, LocalParameters) else nbytes(parameters.tensors)
 
 
 def decode(parameters: Parameters) -> NDArrays:

@@ -52,42 +52,38 @@ class BatchSampler:
         self.num_samples = num_samples
         self.batch_size = batch_size
         self.generator = torch.Generator().manual_seed(seed)
-        self.perm = torch.empty(0, dtype=torch.int64)
-        self._order = self.perm.numpy()  # the same memory as perm: NumPy slices small rows ~5x cheaper
+        # The current epoch's order, in NumPy: the batched path slices it once per epoch crossed,
+        # and NumPy slices small rows ~5x cheaper than torch (``perm`` is the same memory).
+        self._order = np.empty(0, dtype=np.int64)
         self.pos = 0
 
-    def _epoch(self) -> torch.Tensor:
+    @property
+    def perm(self) -> torch.Tensor:
+        """The current epoch's permutation of the samples."""
+        return torch.from_numpy(self._order)
+
+    def _epoch(self) -> np.ndarray:
         """The current epoch's samples not yet drawn (a new shuffled epoch when none are left)."""
-        if self.pos >= len(self.perm):
-            self._new_epoch()
-        return self.perm[self.pos :]
-
-    def _new_epoch(self) -> None:
-        self.perm = torch.randperm(self.num_samples, generator=self.generator)
-        self._order = self.perm.numpy()
-        self.pos = 0
+        if self.pos >= len(self._order):
+            self._order = torch.randperm(self.num_samples, generator=self.generator).numpy()
+            self.pos = 0
+        return self._order[self.pos :]
 
     def next(self) -> torch.Tensor:
-        batch = self._epoch()[: self.batch_size]
+        batch = torch.from_numpy(self._epoch()[: self.batch_size])
         self.pos += self.batch_size
         return batch
 
-    def take(self, steps: int) -> torch.Tensor:
+    def take(self, steps: int) -> np.ndarray:
         """``steps`` calls of ``next()`` as one ``[steps, batch_size]`` block, a short batch (an
-        epoch's last) padded with -1 (the batched path, hfl.batched). The sampler ends where the
-        ``steps`` calls leave it."""
-        return torch.from_numpy(self.take_array(steps))
-
-    def take_array(self, steps: int) -> np.ndarray:
-        """``take`` as a NumPy array: a slice per epoch crossed instead of one per step, in NumPy
-        (a device smaller than its batch crosses one every step; 700 such devices a team round)."""
+        epoch's last) padded with -1: a slice per epoch crossed instead of one per step (the
+        batched path, hfl.batched; a device smaller than its batch crosses one every step). The
+        sampler ends where the ``steps`` calls leave it."""
         size = self.batch_size
         out = np.full(steps * size, -1, dtype=np.int64)
         taken = 0
         while taken < steps:
-            if self.pos >= len(self._order):
-                self._new_epoch()
-            rest = self._order[self.pos :]
+            rest = self._epoch()
             calls = min(steps - taken, -(-len(rest) // size))
             block = rest[: calls * size]
             out[taken * size : taken * size + len(block)] = block
@@ -97,14 +93,13 @@ class BatchSampler:
 
     def state(self) -> dict[str, np.ndarray]:
         return {
-            "perm": self.perm.numpy().copy(),
+            "perm": self._order.copy(),
             "pos": np.array(self.pos),
             "generator": self.generator.get_state().numpy().copy(),
         }
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        self.perm = torch.from_numpy(np.array(state["perm"], dtype=np.int64))
-        self._order = self.perm.numpy()
+        self._order = np.array(state["perm"], dtype=np.int64)
         self.pos = int(state["pos"])
         self.generator.set_state(torch.from_numpy(np.array(state["generator"], dtype=np.uint8)))
 
