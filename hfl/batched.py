@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -50,7 +50,7 @@ from flwr.common import (
 from flwr.server.client_proxy import ClientProxy
 from torch.func import functional_call, grad_and_value, vmap
 
-from hfl.closed_forms import closed_form, mclr_batched_loss_and_grad
+from hfl.closed_forms import SCALED_STEPS, closed_form, mclr_batched_loss_and_grad, nll_targets
 from hfl.device import DeviceRuntime
 from hfl.inprocess import call_fit
 from hfl.mclr_dual import DualData, dual_pays, make_dual_data, run_dual_steps, size_buckets
@@ -314,6 +314,22 @@ def minibatch(data: ConcatenatedData, index: torch.Tensor) -> tuple[torch.Tensor
             data.y.index_select(0, rows).view(index.shape))
 
 
+# A phase's inputs are gathered for several steps at once, up to this many bytes a block.
+GATHER_BYTES = 32 * 2**20
+
+
+def step_inputs(data: ConcatenatedData, index: torch.Tensor, flat: bool) -> Iterator[torch.Tensor]:
+    """Each step's inputs ``[D, B, ...]`` (``[D, B, features]`` when ``flat``) at rows ``index``
+    ``[steps, D, B]``, gathered in blocks of steps (one ``index_select`` a block, not a step)."""
+    steps = index.shape[0]
+    step_bytes = index[0].numel() * data.x[0].numel() * data.x.element_size()
+    chunk = max(1, min(steps, GATHER_BYTES // max(step_bytes, 1)))
+    trailing = (-1,) if flat else tuple(data.x.shape[1:])
+    for first in range(0, steps, chunk):
+        block = index[first:first + chunk]
+        yield from data.x.index_select(0, block.reshape(-1)).view(*block.shape, *trailing).unbind(0)
+
+
 def per(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Per-device values ``[D]`` shaped to broadcast over a stacked tensor ``[D, ...]``."""
     return values.view(-1, *([1] * (like.dim() - 1)))
@@ -385,28 +401,41 @@ def _step_together(data: ConcatenatedData, devices: Sequence[DeviceRuntime], pha
     pulled = phases[0].pull is not None  # the same for every phase run together (signature)
     if pulled:
         pull = torch.tensor([ph.pull for ph in phases], device=dev)
+    labels = data.y.index_select(0, index.reshape(-1)).view(index.shape)
     dual = data.dual(devices) if loss_and_grad is mclr_batched_loss_and_grad else None
     if dual is not None:
         offsets = torch.tensor([data.offset[d.device_id] for d in devices], device=dev).view(1, -1, 1)
-        labels = data.y.index_select(0, index.reshape(-1)).view(index.shape)
         theta, moved, total = run_dual_steps(dual, theta, anchor if anchored else None, index - offsets, weight,
                                              labels, lr, lr_prox if anchored else None, pull if pulled else None,
                                              phases[0].inner_steps)
         if pulled:
             anchor = moved
         return _per_device(phases, theta, anchor if pulled else None, total, steps)
+    scaled = SCALED_STEPS.get(loss_and_grad)  # closed forms: lr * gradient, from targets made once
+    if scaled is not None:  # the last parameter is the output bias [D, C]
+        targets = nll_targets(labels, weight, theta[-1].shape[-1], lr)
+    else:
+        lrs = [per(lr, t) for t in theta]
+    if anchored:  # t <- (1 - lr*prox) t + lr*prox*anchor - lr*g
+        keep = [per(1.0 - lr_prox, t) for t in theta]
+        toward = [per(lr_prox, a) * a for a in anchor]
     total = torch.zeros(len(phases), device=dev)
-    for s in range(steps):
-        x, y = minibatch(data, index[s])
+    for s, x in enumerate(step_inputs(data, index, flat=scaled is not None)):
+        xt = x.transpose(1, 2) if scaled is not None else None
         for _ in range(phases[0].inner_steps):
-            loss, grads = loss_and_grad(theta, x, y, weight[s])
-            if anchored:
-                theta = [t - per(lr, t) * g - per(lr_prox, t) * (t - a) for t, g, a in zip(theta, grads, anchor, strict=True)]
+            if scaled is not None:
+                loss, grads = scaled(theta, x, xt, targets[s])
             else:
-                theta = [t - per(lr, t) * g for t, g in zip(theta, grads, strict=True)]
+                loss, grads = loss_and_grad(theta, x, labels[s], weight[s])
+                grads = [r * g for r, g in zip(lrs, grads, strict=True)]
+            if anchored:
+                theta = [torch.addcmul(c - g, k, t) for t, g, k, c in zip(theta, grads, keep, toward, strict=True)]
+            else:
+                theta = [t - g for t, g in zip(theta, grads, strict=True)]
         if pulled:
             anchor = [(1.0 - per(pull, a)) * a + per(pull, a) * t for a, t in zip(anchor, theta, strict=True)]
-        total += loss.detach()
+            toward = [per(lr_prox, a) * a for a in anchor]
+        total.add_(loss.detach())
     return _per_device(phases, theta, anchor if pulled else None, total, steps)
 
 

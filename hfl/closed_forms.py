@@ -9,6 +9,7 @@ output side is a few classes. Tests: tests/test_batched.py compares each with au
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -18,37 +19,73 @@ from hfl.models import DNN, MCLR, MLP
 Params = list[torch.Tensor]
 
 
-def weighted_nll_grad(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """For logits ``[D, C, B]`` (devices, classes, batch): the gradient of each device's weighted
-    NLL ``-sum_b w_b log softmax(logits)[y_b]`` wrt the logits, ``w * (softmax - onehot(y))``, and
-    the loss ``[D]``."""
+class NLLTargets(NamedTuple):
+    """One step's labels as the NLL gradient uses them (``nll_targets``), for logits ``[D, C, B]``:
+    ``neg = -w * onehot(y)`` ``[D, C, B]`` (the weighted NLL is ``sum(log_softmax * neg)``), and
+    ``lr_weight = lr * w`` ``[D, 1, B]``, ``lr_neg = lr * neg``: the gradient comes out already
+    multiplied by each device's learning rate, so a step needs no separate scaling."""
+
+    neg: torch.Tensor
+    lr_weight: torch.Tensor
+    lr_neg: torch.Tensor
+
+
+def nll_targets(y: torch.Tensor, w: torch.Tensor, classes: int, lr: torch.Tensor) -> list[NLLTargets]:
+    """``NLLTargets`` of every step of a block: labels and per-sample weights ``[steps, D, B]``
+    (weight 0 on padding), learning rates ``[D]``. Made once per phase, not per step."""
+    neg = torch.zeros(*y.shape[:-1], classes, y.shape[-1], dtype=w.dtype, device=w.device)
+    neg.scatter_(-2, y.unsqueeze(-2), w.neg().unsqueeze(-2))
+    lr = lr.to(w.dtype).view(1, -1, 1, 1)
+    return [NLLTargets(*t) for t in zip(neg.unbind(0), (w.unsqueeze(-2) * lr).unbind(0), (neg * lr).unbind(0),
+                                        strict=True)]
+
+
+def scaled_nll_grad(logits: torch.Tensor, target: NLLTargets) -> tuple[torch.Tensor, torch.Tensor]:
+    """For logits ``[D, C, B]``: ``lr`` times the gradient of each device's weighted NLL
+    ``-sum_b w_b log softmax(logits)[y_b]`` wrt the logits, ``lr * w * (softmax - onehot(y))``,
+    and the loss ``[D]`` (unscaled)."""
     logp = torch.log_softmax(logits, dim=1)
-    picked = logp.gather(1, y.unsqueeze(1)).squeeze(1)
-    loss = -(w * picked).sum(1)
-    g = logp.exp_()
-    g.scatter_add_(1, y.unsqueeze(1), torch.full_like(picked, -1.0).unsqueeze(1))
-    return g.mul_(w.unsqueeze(1)), loss
+    loss = (logp * target.neg).sum((1, 2))
+    return torch.addcmul(target.lr_neg, logp.exp_(), target.lr_weight), loss
 
 
-def mclr_batched_loss_and_grad(params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, Params]:
-    """MCLR's weighted NLL per device and its gradient, for stacked parameters (``[D, C, F]``,
-    ``[D, C]``), inputs ``[D, B, ...]``, labels and weights ``[D, B]``."""
+def mclr_scaled_step(params: Params, x: torch.Tensor, xt: torch.Tensor, target: NLLTargets) -> tuple[torch.Tensor, Params]:
+    """MCLR's loss per device and ``lr`` times its gradient, for stacked parameters (``[D, C, F]``,
+    ``[D, C]``), flat inputs ``x`` ``[D, B, F]`` and ``xt = x.transpose(1, 2)``."""
     weight, bias = params
-    x = x.flatten(2)
-    g, loss = weighted_nll_grad(torch.baddbmm(bias.unsqueeze(2), weight, x.transpose(1, 2)), y, w)
+    g, loss = scaled_nll_grad(torch.baddbmm(bias.unsqueeze(2), weight, xt), target)
     return loss, [torch.bmm(g, x), g.sum(2)]
 
 
-def relu_net_batched_loss_and_grad(params: Params, x: torch.Tensor, y: torch.Tensor,
-                           w: torch.Tensor) -> tuple[torch.Tensor, Params]:
-    """``log_softmax(W2 relu(W1 x + b1) + b2)``: the weighted NLL per device and its gradient
+def relu_net_scaled_step(params: Params, x: torch.Tensor, xt: torch.Tensor,
+                         target: NLLTargets) -> tuple[torch.Tensor, Params]:
+    """``log_softmax(W2 relu(W1 x + b1) + b2)``: the loss per device and ``lr`` times its gradient
     (backpropagation by hand; ReLU's derivative is 0 at 0, as autograd's)."""
     w1, b1, w2, b2 = params
-    x = x.flatten(2)
-    hidden = torch.relu(torch.baddbmm(b1.unsqueeze(2), w1, x.transpose(1, 2)))  # [D, H, B]
-    g, loss = weighted_nll_grad(torch.baddbmm(b2.unsqueeze(2), w2, hidden), y, w)  # [D, C, B]
+    hidden = torch.relu(torch.baddbmm(b1.unsqueeze(2), w1, xt))  # [D, H, B]
+    g, loss = scaled_nll_grad(torch.baddbmm(b2.unsqueeze(2), w2, hidden), target)  # [D, C, B]
     g_hidden = torch.bmm(w2.transpose(1, 2), g).mul_(hidden > 0)
     return loss, [torch.bmm(g_hidden, x), g_hidden.sum(2), torch.bmm(g, hidden.transpose(1, 2)), g.sum(2)]
+
+
+def _unscaled(step: Callable, classes: Callable[[Params], int]) -> Callable:
+    """The plain ``(params, x, y, w) -> (loss, gradient)`` of a scaled step (lr = 1)."""
+
+    def loss_and_grad(params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, Params]:
+        x = x.flatten(2)
+        target = nll_targets(y.unsqueeze(0), w.unsqueeze(0), classes(params), torch.ones(len(y), device=w.device))[0]
+        return step(params, x, x.transpose(1, 2), target)
+
+    return loss_and_grad
+
+
+# MCLR's weighted NLL per device and its gradient, for stacked parameters (``[D, C, F]``, ``[D, C]``),
+# inputs ``[D, B, ...]``, labels and weights ``[D, B]``; and the one-hidden-layer ReLU net's.
+mclr_batched_loss_and_grad = _unscaled(mclr_scaled_step, lambda p: p[1].shape[1])
+relu_net_batched_loss_and_grad = _unscaled(relu_net_scaled_step, lambda p: p[3].shape[1])
+# What the batched phase runner steps with (hfl.batched): the scaled form of each.
+SCALED_STEPS: dict[Callable, Callable] = {mclr_batched_loss_and_grad: mclr_scaled_step,
+                                          relu_net_batched_loss_and_grad: relu_net_scaled_step}
 
 
 def closed_form(model: nn.Module) -> Callable | None:

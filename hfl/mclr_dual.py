@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hfl.closed_forms import weighted_nll_grad
+from hfl.closed_forms import nll_targets, scaled_nll_grad
 
 
 @dataclass
@@ -132,6 +132,10 @@ def run_dual_steps(data: DualData, theta: list[torch.Tensor], anchor: list[torch
     # A fixed anchor that is the start: u <- keep*u and v <- keep*v + lr_prox keep u + v = 1, so
     # the logits' offset is base0 itself and u, v need no updates.
     start_anchor = anchor is not None and pull is None and base_a is base0
+    targets = nll_targets(y, weight, w0.shape[1], lr)
+    if anchor is not None:  # the bias: b <- keep * b + lr_prox * anchor - lr * g
+        keep2, keep3, lrp2 = keep.view(-1, 1), keep.view(-1, 1, 1), lr_prox.view(-1, 1)
+        toward = lrp2 * abias
     total = torch.zeros(devices, dtype=w0.dtype, device=w0.device)
     for s in range(steps):
         k_batch = gram.index_select(0, flat[s]).view(devices, batch, n).transpose(1, 2)  # [D, n, B]
@@ -141,23 +145,23 @@ def run_dual_steps(data: DualData, theta: list[torch.Tensor], anchor: list[torch
             if start_anchor:
                 logits = logits + base0[s]
             else:
-                logits = logits + u.view(-1, 1, 1) * base0[s]
+                logits = torch.addcmul(logits, u.view(-1, 1, 1), base0[s])
                 if anchor is not None:
-                    logits = logits + v.view(-1, 1, 1) * base_a[s]
-            g, loss = weighted_nll_grad(logits, y[s], weight[s])
-            bias_grad = g.sum(2)
+                    logits = torch.addcmul(logits, v.view(-1, 1, 1), base_a[s])
+            g, loss = scaled_nll_grad(logits, targets[s])  # lr * the gradient wrt the logits
             if anchor is None:
-                bias = bias - lr.view(-1, 1) * bias_grad
+                bias = bias - g.sum(2)
             else:
-                bias = bias - lr.view(-1, 1) * bias_grad - lr_prox.view(-1, 1) * (bias - abias)
+                bias = torch.addcmul(toward - g.sum(2), keep2, bias)
                 if not start_anchor:
                     u, v = _mix(keep, u, lr_prox, ua), _mix(keep, v, lr_prox, va)
-                coef = _mix(keep, coef, lr_prox, acoef) if pull is not None else keep.view(-1, 1, 1) * coef
-            coef = coef.scatter_add(2, scatter_at, g * -lr.view(-1, 1, 1))
+                coef = _mix(keep, coef, lr_prox, acoef) if pull is not None else keep3 * coef
+            coef = coef.scatter_add(2, scatter_at, g.neg_())
         if pull is not None:
             stay = 1.0 - pull
             ua, va, acoef = _mix(stay, ua, pull, u), _mix(stay, va, pull, v), _mix(stay, acoef, pull, coef)
             abias = _mix(stay, abias, pull, bias)
+            toward = lrp2 * abias
         total += loss
     weight_out = _rebuild(data.x, w0, anchor[0] if anchor is not None and not start_anchor else None, u, v, coef)
     moved = None

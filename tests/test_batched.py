@@ -214,6 +214,21 @@ def test_batch_width_pads_small_devices_only_to_the_widest_draw():
     assert sorted(index[0, 0, :3].tolist()) == [0, 1, 2] and sorted(index[1, 1].tolist()) == [3, 4, 5, 6, 7]
 
 
+@pytest.mark.parametrize("block_steps", [1, 3, 7])
+def test_step_inputs_gather_blocks_of_steps_as_one_minibatch_each(monkeypatch, block_steps):
+    devices = [_device(i, 6 + i, 4, dim=5) for i in range(3)]
+    data = ConcatenatedData(devices, torch.device("cpu"))
+    index, _ = draw_batches(devices, [data.offset[d.device_id] for d in devices], steps=7, batch_size=4)
+    step_bytes = index[0].numel() * 5 * 4
+    monkeypatch.setattr(batched_module, "GATHER_BYTES", block_steps * step_bytes)
+    got = list(batched_module.step_inputs(data, index, flat=False))
+    assert len(got) == 7
+    for s, x in enumerate(got):
+        torch.testing.assert_close(x, batched_module.minibatch(data, index[s])[0], rtol=0, atol=0)
+    flat = [x.shape for x in batched_module.step_inputs(data, index, flat=True)]
+    assert flat == [torch.Size([3, 4, 5])] * 7
+
+
 def test_concatenated_data_is_kept_while_its_parts_live():
     cpu = torch.device("cpu")
     a, b = torch.arange(3.0), torch.arange(3.0, 5.0)

@@ -139,14 +139,20 @@ def test_dual_run_equals_per_device_run(tmp_path, monkeypatch, name):
     assert_same_run(runs["on"], runs["off"])
 
 
-def test_weighted_nll_gradient_by_hand():
-    from hfl.closed_forms import weighted_nll_grad
+def test_scaled_nll_gradient_by_hand():
+    from hfl.closed_forms import nll_targets, scaled_nll_grad
 
-    # one device, two classes, two samples: equal logits (p = 1/2 each), then logits (ln 3, 0) (p = 3/4, 1/4)
-    logits = torch.tensor([[[0.0, float(np.log(3.0))], [0.0, 0.0]]])  # [D=1, C=2, B=2]
-    g, loss = weighted_nll_grad(logits.clone(), torch.tensor([[0, 1]]), torch.tensor([[0.5, 0.5]]))
-    torch.testing.assert_close(g, torch.tensor([[[0.5 * (0.5 - 1.0), 0.5 * 0.75], [0.5 * 0.5, 0.5 * (0.25 - 1.0)]]]))
-    torch.testing.assert_close(loss, torch.tensor([0.5 * np.log(2.0) + 0.5 * np.log(4.0)], dtype=torch.float32))
+    # two devices (lr 1 and 0.1), two classes, two samples: equal logits (p = 1/2 each), then logits
+    # (ln 3, 0) (p = 3/4, 1/4); the second device's second sample is padding (weight 0)
+    logits = torch.tensor([[[0.0, float(np.log(3.0))], [0.0, 0.0]]]).repeat(2, 1, 1)  # [D=2, C=2, B=2]
+    y, w = torch.tensor([[[0, 1], [0, 1]]]), torch.tensor([[[0.5, 0.5], [1.0, 0.0]]])
+    target = nll_targets(y, w, 2, torch.tensor([1.0, 0.1]))[0]
+    g, loss = scaled_nll_grad(logits.clone(), target)
+    first = torch.tensor([[0.5 * (0.5 - 1.0), 0.5 * 0.75], [0.5 * 0.5, 0.5 * (0.25 - 1.0)]])
+    second = 0.1 * torch.tensor([[0.5 - 1.0, 0.0], [0.5, 0.0]])
+    torch.testing.assert_close(g, torch.stack([first, second]))
+    torch.testing.assert_close(loss, torch.tensor([0.5 * np.log(2.0) + 0.5 * np.log(4.0), np.log(2.0)],
+                                                  dtype=torch.float32))
 
 
 def test_size_buckets_split_where_padding_costs_more_than_a_group():
