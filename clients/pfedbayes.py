@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from flwr.common import NDArrays, Scalar
 
 from clients.base import DeviceClient
-from hfl.batched import batch_width, minibatch, pad_batches, per, stack
+from hfl.batched import batch_width, pad_batches, per, stack, step_inputs
+from hfl.closed_forms import SCALED_STEPS, nll_targets
 from hfl.device import DeviceRuntime
 from hfl.personal import check_keys, fit_reply
 from hfl.training import Params, to_tensors
@@ -107,45 +108,56 @@ class BayesPlan:
         return _run_group(plans, data, loss_and_grad)
 
 
-def _draws(plan: BayesPlan) -> tuple[list[torch.Tensor], list[list[Params]]]:
-    """The device's minibatches and noise, drawn in the order its own ``fit`` draws them (the
-    sampler reshuffles from the same generator)."""
-    dev, rows, eps = plan.device, [], []
-    for _ in range(plan.steps):
+def _draws(plan: BayesPlan, d: int, noise: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Device ``d``'s minibatches, and its noise written into ``noise[j][step, personal_step, d]``,
+    drawn in the order its own ``fit`` draws them (the sampler reshuffles from the same
+    generator; ``normal_`` on a contiguous block draws what ``randn`` of its shape draws)."""
+    dev, rows = plan.device, []
+    for s in range(plan.steps):
         rows.append(dev.sampler.next())
-        eps.append([[plan.noise_scale * torch.randn(m.shape, generator=dev.sampler.generator) for m in split(plan.q)[0]]
-                    for _ in range(plan.personal_steps)])
-    return rows, eps
+        for k in range(plan.personal_steps):
+            for n in noise:
+                n[s, k, d].normal_(generator=dev.sampler.generator)
+    return rows
 
 
 def _run_group(plans: Sequence[BayesPlan], data: Any, loss_and_grad: Callable) -> list[tuple[NDArrays, int, dict[str, Scalar]]]:
     """pFedBayes's local iterations for devices with the same step counts and rates, stacked."""
     devices = [p.device for p in plans]
-    draws = [_draws(p) for p in plans]
-    index, weight = pad_batches([rows for rows, _ in draws], [data.offset[d.device_id] for d in devices],
-                                batch_width(devices))
+    first = plans[0]
+    # every step's noise [steps, personal_steps, D, ...] per tensor, sent to the device at once
+    noise = [torch.empty(first.steps, first.personal_steps, len(plans), *m.shape) for m in split(first.q)[0]]
+    rows = [_draws(p, d, noise) for d, p in enumerate(plans)]
+    scale = torch.tensor([p.noise_scale for p in plans])
+    if not bool((scale == 1.0).all()):
+        noise = [n * scale.view(1, 1, -1, *([1] * (n.dim() - 3))) for n in noise]  # fit's noise_scale * randn
+    index, weight = pad_batches(rows, [data.offset[d.device_id] for d in devices], batch_width(devices))
     dev = data.device
     index, weight = index.to(dev), weight.to(dev)
+    noise = [n.to(dev) for n in noise]
     mu_q, rho_q = split(stack([p.q for p in plans], dev))
     mu_v, rho_v = split(stack([p.v for p in plans], dev))
     kl_weight = torch.tensor([p.kl_weight for p in plans], device=dev)
     prior_rate = torch.tensor([p.lr * p.kl_weight for p in plans], device=dev)  # as fit's lr * kl_weight
-    first = plans[0]
     plr = first.personal_lr
-    # every step's noise [steps, personal_steps, D, ...] per tensor, sent to the device at once
-    noise = [torch.stack([draw[1][s][k][j] for s in range(first.steps) for k in range(first.personal_steps)
-                          for draw in draws]).view(first.steps, first.personal_steps, len(plans), *m.shape[1:]).to(dev)
-             for j, m in enumerate(mu_q)] if first.steps * first.personal_steps else []
+    labels = data.y.index_select(0, index.reshape(-1)).view(index.shape)
+    scaled = SCALED_STEPS.get(loss_and_grad)  # a closed form: its NLL targets made once (lr 1)
+    if scaled is not None:
+        targets = nll_targets(labels, weight, mu_q[-1].shape[-1], torch.ones(len(plans), device=dev))
     total = torch.zeros(len(plans), device=dev)
-    for s in range(first.steps):
-        x, y = minibatch(data, index[s])
+    for s, x in enumerate(step_inputs(data, index, flat=scaled is not None)):
+        xt = x.transpose(1, 2) if scaled is not None else None
         sp2 = [F.softplus(r) ** 2 for r in rho_v]  # v stays put during the personal steps
         for k in range(first.personal_steps):
             eps = [n[s, k] for n in noise]
             # fit's sample_weights, kl_grads (q's side) and personal_step, each softplus / sigmoid
             # taken once: the same expressions, so the same floats
             sq, sig = [F.softplus(r) for r in rho_q], [torch.sigmoid(r) for r in rho_q]
-            loss, grad_w = loss_and_grad([m + q * e for m, q, e in zip(mu_q, sq, eps, strict=True)], x, y, weight[s])
+            sampled = [m + q * e for m, q, e in zip(mu_q, sq, eps, strict=True)]
+            if scaled is not None:
+                loss, grad_w = scaled(sampled, x, xt, targets[s])
+            else:
+                loss, grad_w = loss_and_grad(sampled, x, labels[s], weight[s])
             # zeta / n differs between devices: per-device factors on the KL gradients
             kl_mu = _scaled(kl_weight, [(mq - mv) / p2 for mq, mv, p2 in zip(mu_q, mu_v, sp2, strict=True)])
             kl_rho = _scaled(kl_weight, [(q / p2 - 1 / q) * g for q, p2, g in zip(sq, sp2, sig, strict=True)])

@@ -272,6 +272,28 @@ def test_pfedbayes_steps_by_hand():
     close(sample_weights([torch.tensor([1.0])], [torch.tensor([RHO_ONE])], [torch.tensor([0.5])]), [[1.5]])
 
 
+def test_pfedbayes_group_draws_each_devices_batches_and_noise_in_its_own_order():
+    from clients.pfedbayes import BayesPlan, _draws
+
+    def device(i: int) -> DeviceRuntime:
+        return DeviceRuntime(i, torch.zeros(7, 3), torch.zeros(7, dtype=torch.long), None, None, None,
+                             BatchSampler(7, 3, seed=i))
+
+    shapes = [(2, 9), (2,)]  # a weight (vectorized normal draws) and a bias (fewer than 16: scalar draws)
+    q = [torch.zeros(s) for s in shapes]
+    plans = [BayesPlan(device(i), q, q, steps=4, personal_steps=2, personal_lr=0.1, lr=0.1, noise_scale=1.0,
+                       kl_weight=0.1) for i in range(2)]
+    noise = [torch.empty(4, 2, 2, *s) for s in shapes]
+    rows = [_draws(p, d, noise) for d, p in enumerate(plans)]
+    for d in range(2):  # what PFedBayesClient.fit draws: a batch, then randn per tensor per personal step
+        sampler = BatchSampler(7, 3, seed=d)
+        for s in range(4):
+            assert torch.equal(rows[d][s], sampler.next())
+            for k in range(2):
+                for j, shape in enumerate(shapes):
+                    assert torch.equal(noise[j][s, k, d], torch.randn(shape, generator=sampler.generator))
+
+
 def test_pfedbayes_global_model_carries_means_and_rhos():
     initial = arrays([[1.0, 2.0]], [3.0])
     model = bayesian_initial(initial, -3.0)
