@@ -127,6 +127,7 @@ def test_batched_evaluation_equals_each_devices_own(model, shared):
         want_loss, want_correct, want_n = trainer.evaluate(m, x, y)
         assert (correct, n) == (want_correct, want_n)
         assert loss == pytest.approx(want_loss, rel=1e-5, abs=1e-5)
+    assert evaluate_models(trainer, models[:2], [xs[1]] * 2, [ys[1]] * 2, torch.device("cpu")) == [(0.0, 0, 0)] * 2
 
 
 # ---------------------------------------------------------------- plans
