@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from flwr.common import NDArrays, Scalar
 
 from clients.base import DeviceClient
-from hfl.batched import batch_width, pad_batches, per, stack, step_inputs
-from hfl.closed_forms import SCALED_STEPS, nll_targets
+from hfl.batched import batch_width, pad_batches, per, phase_steps, stack
+from hfl.closed_forms import SCALED_STEPS
 from hfl.device import DeviceRuntime
 from hfl.personal import check_keys, fit_reply
 from hfl.training import Params, to_tensors
@@ -141,11 +141,11 @@ def _run_group(plans: Sequence[BayesPlan], data: Any, loss_and_grad: Callable) -
     prior_rate = torch.tensor([p.lr * p.kl_weight for p in plans], device=dev)  # as fit's lr * kl_weight
     plr = first.personal_lr
     labels = data.y.index_select(0, index.reshape(-1)).view(index.shape)
-    scaled = SCALED_STEPS.get(loss_and_grad)  # a closed form: its NLL targets made once (lr 1)
-    if scaled is not None:
-        targets = nll_targets(labels, weight, mu_q[-1].shape[-1], torch.ones(len(plans), device=dev))
+    scaled = SCALED_STEPS.get(loss_and_grad)  # a closed form: its NLL targets (lr 1) made per block
+    classes = mu_q[-1].shape[-1] if scaled is not None else None
     total = torch.zeros(len(plans), device=dev)
-    for s, x in enumerate(step_inputs(data, index, flat=scaled is not None)):
+    steps_in = phase_steps(data, index, labels, weight, torch.ones(len(plans), device=dev), classes)
+    for s, (x, target) in enumerate(steps_in):
         xt = x.transpose(1, 2) if scaled is not None else None
         sp2 = [F.softplus(r) ** 2 for r in rho_v]  # v stays put during the personal steps
         for k in range(first.personal_steps):
@@ -155,7 +155,7 @@ def _run_group(plans: Sequence[BayesPlan], data: Any, loss_and_grad: Callable) -
             sq, sig = [F.softplus(r) for r in rho_q], [torch.sigmoid(r) for r in rho_q]
             sampled = [m + q * e for m, q, e in zip(mu_q, sq, eps, strict=True)]
             if scaled is not None:
-                loss, grad_w = scaled(sampled, x, xt, targets[s])
+                loss, grad_w = scaled(sampled, x, xt, target)
             else:
                 loss, grad_w = loss_and_grad(sampled, x, labels[s], weight[s])
             # zeta / n differs between devices: per-device factors on the KL gradients

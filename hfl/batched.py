@@ -50,7 +50,7 @@ from flwr.common import (
 from flwr.server.client_proxy import ClientProxy
 from torch.func import functional_call, grad_and_value, vmap
 
-from hfl.closed_forms import SCALED_STEPS, closed_form, mclr_batched_loss_and_grad, nll_targets
+from hfl.closed_forms import SCALED_STEPS, NLLTargets, closed_form, mclr_batched_loss_and_grad, nll_targets
 from hfl.device import DeviceRuntime
 from hfl.inprocess import call_fit
 from hfl.mclr_dual import DualData, dual_pays, make_dual_data, run_dual_steps, size_buckets
@@ -314,20 +314,27 @@ def minibatch(data: ConcatenatedData, index: torch.Tensor) -> tuple[torch.Tensor
             data.y.index_select(0, rows).view(index.shape))
 
 
-# A phase's inputs are gathered for several steps at once, up to this many bytes a block.
+# A phase's inputs (and a closed form's NLL targets) are made for several steps at once, up to
+# this many bytes a block: one gather a block, not a step, and memory bounded however many
+# devices, steps and classes a phase has.
 GATHER_BYTES = 32 * 2**20
 
 
-def step_inputs(data: ConcatenatedData, index: torch.Tensor, flat: bool) -> Iterator[torch.Tensor]:
-    """Each step's inputs ``[D, B, ...]`` (``[D, B, features]`` when ``flat``) at rows ``index``
-    ``[steps, D, B]``, gathered in blocks of steps (one ``index_select`` a block, not a step)."""
+def phase_steps(data: ConcatenatedData, index: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor,
+                lr: torch.Tensor, classes: int | None) -> Iterator[tuple[torch.Tensor, NLLTargets | None]]:
+    """Each step's inputs at rows ``index`` ``[steps, D, B]`` and, for a closed form (``classes``
+    given), its ``NLLTargets`` (labels and weights ``[steps, D, B]``, learning rates ``[D]``):
+    inputs ``[D, B, features]`` then, else ``[D, B, ...]`` and no targets."""
     steps = index.shape[0]
-    step_bytes = index[0].numel() * data.x[0].numel() * data.x.element_size()
+    step_bytes = index[0].numel() * (data.x[0].numel() + (2 * classes + 1 if classes else 0)) * data.x.element_size()
     chunk = max(1, min(steps, GATHER_BYTES // max(step_bytes, 1)))
-    trailing = (-1,) if flat else tuple(data.x.shape[1:])
+    trailing = (-1,) if classes else tuple(data.x.shape[1:])
     for first in range(0, steps, chunk):
-        block = index[first:first + chunk]
-        yield from data.x.index_select(0, block.reshape(-1)).view(*block.shape, *trailing).unbind(0)
+        block = slice(first, first + chunk)
+        rows = index[block]
+        xs = data.x.index_select(0, rows.reshape(-1)).view(*rows.shape, *trailing).unbind(0)
+        yield from zip(xs, nll_targets(labels[block], weight[block], classes, lr) if classes else [None] * len(xs),
+                       strict=True)
 
 
 def per(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -411,20 +418,20 @@ def _step_together(data: ConcatenatedData, devices: Sequence[DeviceRuntime], pha
         if pulled:
             anchor = moved
         return _per_device(phases, theta, anchor if pulled else None, total, steps)
-    scaled = SCALED_STEPS.get(loss_and_grad)  # closed forms: lr * gradient, from targets made once
-    if scaled is not None:  # the last parameter is the output bias [D, C]
-        targets = nll_targets(labels, weight, theta[-1].shape[-1], lr)
-    else:
+    scaled = SCALED_STEPS.get(loss_and_grad)  # closed forms: lr * gradient, from targets made per block
+    if scaled is None:
         lrs = [per(lr, t) for t in theta]
     if anchored:  # t <- (1 - lr*prox) t + lr*prox*anchor - lr*g
         keep = [per(1.0 - lr_prox, t) for t in theta]
         toward = [per(lr_prox, a) * a for a in anchor]
     total = torch.zeros(len(phases), device=dev)
-    for s, x in enumerate(step_inputs(data, index, flat=scaled is not None)):
+    # the last parameter is the output bias [D, C]
+    steps_in = phase_steps(data, index, labels, weight, lr, theta[-1].shape[-1] if scaled is not None else None)
+    for s, (x, target) in enumerate(steps_in):
         xt = x.transpose(1, 2) if scaled is not None else None
         for _ in range(phases[0].inner_steps):
             if scaled is not None:
-                loss, grads = scaled(theta, x, xt, targets[s])
+                loss, grads = scaled(theta, x, xt, target)
             else:
                 loss, grads = loss_and_grad(theta, x, labels[s], weight[s])
                 grads = [r * g for r, g in zip(lrs, grads, strict=True)]

@@ -216,18 +216,23 @@ def test_batch_width_pads_small_devices_only_to_the_widest_draw():
 
 
 @pytest.mark.parametrize("block_steps", [1, 3, 7])
-def test_step_inputs_gather_blocks_of_steps_as_one_minibatch_each(monkeypatch, block_steps):
+def test_phase_steps_come_in_blocks_equal_to_one_step_at_a_time(monkeypatch, block_steps):
+    from hfl.closed_forms import nll_targets
+
     devices = [_device(i, 6 + i, 4, dim=5) for i in range(3)]
     data = ConcatenatedData(devices, torch.device("cpu"))
-    index, _ = draw_batches(devices, [data.offset[d.device_id] for d in devices], steps=7, batch_size=4)
-    step_bytes = index[0].numel() * 5 * 4
+    index, weight = draw_batches(devices, [data.offset[d.device_id] for d in devices], steps=7, batch_size=4)
+    labels, lr = data.y[index], torch.tensor([0.1, 0.2, 0.3])
+    step_bytes = index[0].numel() * (5 + 2 * 3 + 1) * 4  # inputs and targets of 3 classes
     monkeypatch.setattr(batched_module, "GATHER_BYTES", block_steps * step_bytes)
-    got = list(batched_module.step_inputs(data, index, flat=False))
+    got = list(batched_module.phase_steps(data, index, labels, weight, lr, classes=3))
     assert len(got) == 7
-    for s, x in enumerate(got):
+    for s, (x, target) in enumerate(got):
         torch.testing.assert_close(x, batched_module.minibatch(data, index[s])[0], rtol=0, atol=0)
-    flat = [x.shape for x in batched_module.step_inputs(data, index, flat=True)]
-    assert flat == [torch.Size([3, 4, 5])] * 7
+        for a, b in zip(target, nll_targets(labels[s:s + 1], weight[s:s + 1], 3, lr)[0], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    plain = list(batched_module.phase_steps(data, index, labels, weight, lr, classes=None))
+    assert [t for _, t in plain] == [None] * 7 and all(torch.equal(x, g) for (x, _), (g, _) in zip(plain, got, strict=True))
 
 
 def test_concatenated_data_is_kept_while_its_parts_live():
