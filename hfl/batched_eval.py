@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from flwr.common import Code, EvaluateRes, Parameters, Status, parameters_to_ndarrays
 from flwr.server.client_manager import SimpleClientManager
@@ -61,8 +62,14 @@ def evaluate_models(trainer: LocalTrainer, models: Sequence[Params], xs: Sequenc
             loss.index_add_(0, owner[a:a + step], nll[0].double())
             correct.index_add_(0, owner[a:a + step], hit[0].long())
         return [(float(loss_i), int(c), n) for loss_i, c, n in zip(loss.cpu(), correct.cpu(), sizes, strict=True)]
+    if sum(sizes) == 0:
+        return [(0.0, 0, 0)] * len(models)
     out: dict[int, tuple[float, int, int]] = {}
     order = sorted(range(len(models)), key=lambda m: sizes[m])
+    # Each chunk's padded sets are gathered from the concatenated ones (kept across messages,
+    # hfl.batched.kept) with one index a chunk, not copied set by set.
+    x_all, y_all = concatenated(xs, device), concatenated(ys, device)
+    starts = np.cumsum([0, *sizes[:-1]])
     start = 0
     while start < len(order):
         end = start + 1  # sizes ascend: the chunk's last set is its longest
@@ -70,11 +77,11 @@ def evaluate_models(trainer: LocalTrainer, models: Sequence[Params], xs: Sequenc
             end += 1
         chunk = order[start:end]
         longest = max(sizes[chunk[-1]], 1)
-        x = torch.zeros(len(chunk), longest, *xs[chunk[0]].shape[1:], device=device)
-        y = torch.zeros(len(chunk), longest, dtype=torch.int64, device=device)
-        mask = torch.zeros(len(chunk), longest, dtype=torch.bool, device=device)
-        for i, m in enumerate(chunk):
-            x[i, :sizes[m]], y[i, :sizes[m]], mask[i, :sizes[m]] = xs[m].to(device), ys[m].to(device), True
+        real = np.arange(longest) < np.array([sizes[m] for m in chunk])[:, None]  # [chunk, longest]
+        rows = torch.from_numpy(np.where(real, starts[chunk][:, None] + np.arange(longest), 0).reshape(-1)).to(device)
+        x = x_all.index_select(0, rows).view(len(chunk), longest, *x_all.shape[1:])
+        y = y_all.index_select(0, rows).view(len(chunk), longest)
+        mask = torch.from_numpy(real).to(device)
         nll, hit = _scores(log_probs(stack([models[m] for m in chunk], device), x), y)
         loss = torch.where(mask, nll, torch.zeros_like(nll)).sum(1).cpu().tolist()
         correct = (hit & mask).sum(1).cpu().tolist()
