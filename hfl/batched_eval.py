@@ -61,7 +61,7 @@ def evaluate_models(trainer: LocalTrainer, models: Sequence[Params], xs: Sequenc
             nll, hit = _scores(log_probs(model, x[a:a + step].unsqueeze(0)), y[a:a + step].unsqueeze(0))
             loss.index_add_(0, owner[a:a + step], nll[0].double())
             correct.index_add_(0, owner[a:a + step], hit[0].long())
-        return [(float(loss_i), int(c), n) for loss_i, c, n in zip(loss.cpu(), correct.cpu(), sizes, strict=True)]
+        return list(zip(loss.tolist(), correct.tolist(), sizes, strict=True))
     if sum(sizes) == 0:
         return [(0.0, 0, 0)] * len(models)
     out: dict[int, tuple[float, int, int]] = {}
