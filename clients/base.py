@@ -45,6 +45,11 @@ class DeviceClient(NumPyClient):
         _, correct, tested = self.device.trainer.evaluate(params, self.device.x_test, self.device.y_test)
         return {"fit_test_correct": correct, "fit_test_samples": tested}
 
+    def tests_sent_model(self, config: dict[str, Scalar]) -> bool:
+        """Whether ``model_to_test`` is the sent model as it is (``to_tensors(parameters)``): then a
+        node converts it once for all such devices (hfl.batched_eval.BatchedEvaluate)."""
+        return config.get("model") != "personal" and type(self).model_to_test is DeviceClient.model_to_test
+
     def model_to_test(self, parameters: NDArrays, config: dict[str, Scalar]) -> Params:
         """The model ``evaluate`` tests: the device's own for ``model=personal``, else the one sent.
         Algorithms whose exchanged or personal state is not a plain model override this."""

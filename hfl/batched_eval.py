@@ -18,7 +18,7 @@ from hfl.aggregate import nbytes
 from hfl.device import DeviceRuntime
 from hfl.inprocess import evaluate_child
 from hfl.models import MCLR
-from hfl.training import LocalTrainer, Params
+from hfl.training import LocalTrainer, Params, to_tensors
 
 
 def batched_log_probs(trainer: LocalTrainer) -> Callable[[Params, torch.Tensor], torch.Tensor]:
@@ -50,7 +50,7 @@ def evaluate_models(trainer: LocalTrainer, models: Sequence[Params], xs: Sequenc
     log_probs = batched_log_probs(trainer)
     sizes = [len(y) for y in ys]
     row = max((x[0].numel() for x in xs if len(x)), default=1)
-    if all(all(torch.equal(a, b) for a, b in zip(m, models[0], strict=True)) for m in models[1:]):
+    if all(m is models[0] or all(torch.equal(a, b) for a, b in zip(m, models[0], strict=True)) for m in models[1:]):
         x, y = concatenated(xs, device), concatenated(ys, device)
         owner = torch.repeat_interleave(torch.arange(len(models), device=device), torch.tensor(sizes, device=device))
         loss = torch.zeros(len(models), dtype=torch.float64, device=device)
@@ -106,12 +106,18 @@ class BatchedEvaluate:
         decoded = parameters_to_ndarrays(parameters)
         replies: dict[str, EvaluateRes] = {}
         batch: list[tuple[str, DeviceRuntime, Params]] = []
+        sent: Params | None = None  # the sent model as tensors, once for every device that tests it as it is
         for proxy in children:
             client = self.clients.get(proxy.cid) if self.proxies.get(proxy.cid) is proxy else None
             if client is None:
                 replies[proxy.cid] = evaluate_child(proxy, parameters, config)
                 continue
-            batch.append((proxy.cid, client.device, client.model_to_test(decoded, dict(config))))
+            if client.tests_sent_model(dict(config)):
+                sent = to_tensors(decoded) if sent is None else sent
+                model = sent
+            else:
+                model = client.model_to_test(decoded, dict(config))
+            batch.append((proxy.cid, client.device, model))
         if batch:
             trainer = batch[0][1].trainer
             scores = evaluate_models(trainer, [m for _, _, m in batch], [d.x_test for _, d, _ in batch],

@@ -130,6 +130,34 @@ def test_batched_evaluation_equals_each_devices_own(model, shared):
     assert evaluate_models(trainer, models[:2], [xs[1]] * 2, [ys[1]] * 2, torch.device("cpu")) == [(0.0, 0, 0)] * 2
 
 
+def test_the_sent_model_is_converted_once_for_the_devices_that_test_it_as_sent(monkeypatch):
+    from clients.fedavg import FedAvgClient
+    from clients.pfedbayes import PFedBayesClient
+    from flwr.common import ndarrays_to_parameters
+
+    from hfl import batched_eval
+
+    dev = _device(0, 5, 4)
+    assert FedAvgClient(dev).tests_sent_model({"model": "global"})
+    assert not FedAvgClient(dev).tests_sent_model({"model": "personal"})
+    assert not PFedBayesClient(dev).tests_sent_model({"model": "global"})  # its own model_to_test: the means
+    devices = [_device(i, 4 + i, 4) for i in range(3)]
+    clients = {f"{i:06d}": FedAvgClient(d) for i, d in enumerate(devices)}
+    proxies = {cid: type("Proxy", (), {"cid": cid})() for cid in clients}
+    manager = type("Manager", (), {"all": lambda self: proxies})()
+    seen = []
+    real = batched_eval.evaluate_models
+    monkeypatch.setattr(batched_eval, "evaluate_models", lambda trainer, models, *a, **k: seen.append(models) or real(trainer, models, *a, **k))
+    model = [p.numpy() for p in devices[0].trainer.initial_params()]
+    replies, _ = batched_eval.BatchedEvaluate(clients, proxies, torch.device("cpu"))(
+        manager, ndarrays_to_parameters(model), {"model": "global"})
+    assert len(seen) == 1 and all(m is seen[0][0] for m in seen[0])  # converted once, shared
+    for (_, res), d in zip(replies, devices, strict=True):
+        loss, correct, n = d.trainer.evaluate([torch.from_numpy(a) for a in model], d.x_test, d.y_test)
+        assert (res.num_examples, res.metrics["correct"]) == (n, correct)
+        assert res.loss == pytest.approx(loss / n, rel=1e-5)
+
+
 # ---------------------------------------------------------------- plans
 def _plans(devices: list[DeviceRuntime]) -> list[FitPlan]:
     plans = []
