@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from flwr.common import NDArrays, Scalar
 
 from clients.base import DeviceClient
-from hfl.batched import batch_width, pad_batches, per, phase_steps, stack
+from hfl.batched import batch_width, labels_at, pad_batches, per, phase_steps, stack
 from hfl.closed_forms import SCALED_STEPS
 from hfl.device import DeviceRuntime
 from hfl.personal import check_keys, fit_reply
@@ -140,7 +140,7 @@ def _run_group(plans: Sequence[BayesPlan], data: Any, loss_and_grad: Callable) -
     kl_weight = torch.tensor([p.kl_weight for p in plans], device=dev)
     prior_rate = torch.tensor([p.lr * p.kl_weight for p in plans], device=dev)  # as fit's lr * kl_weight
     plr = first.personal_lr
-    labels = data.y.index_select(0, index.reshape(-1)).view(index.shape)
+    labels = labels_at(data, index)
     scaled = SCALED_STEPS.get(loss_and_grad)  # a closed form: its NLL targets (lr 1) made per block
     classes = mu_q[-1].shape[-1] if scaled is not None else None
     total = torch.zeros(len(plans), device=dev)

@@ -309,11 +309,14 @@ def _block(drawn: np.ndarray | torch.Tensor | Sequence[torch.Tensor], batch_size
     return drawn
 
 
+def labels_at(data: ConcatenatedData, index: torch.Tensor) -> torch.Tensor:
+    """The labels at rows ``index`` (any shape: one step's ``[D, B]``, a phase's ``[steps, D, B]``)."""
+    return data.y.index_select(0, index.reshape(-1)).view(index.shape)
+
+
 def minibatch(data: ConcatenatedData, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One step's inputs ``[D, B, ...]`` and labels ``[D, B]`` at rows ``index`` ``[D, B]``."""
-    rows = index.reshape(-1)
-    return (data.x.index_select(0, rows).view(*index.shape, *data.x.shape[1:]),
-            data.y.index_select(0, rows).view(index.shape))
+    return data.x.index_select(0, index.reshape(-1)).view(*index.shape, *data.x.shape[1:]), labels_at(data, index)
 
 
 # A phase's inputs (and a closed form's NLL targets) are made for several steps at once, up to
@@ -410,7 +413,7 @@ def _step_together(data: ConcatenatedData, devices: Sequence[DeviceRuntime], pha
     pulled = phases[0].pull is not None  # the same for every phase run together (signature)
     if pulled:
         pull = torch.tensor([ph.pull for ph in phases], device=dev)
-    labels = data.y.index_select(0, index.reshape(-1)).view(index.shape)
+    labels = labels_at(data, index)
     dual = data.dual(devices) if loss_and_grad is mclr_batched_loss_and_grad else None
     if dual is not None:
         offsets = torch.tensor([data.offset[d.device_id] for d in devices], device=dev).view(1, -1, 1)

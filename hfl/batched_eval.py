@@ -112,7 +112,7 @@ class BatchedEvaluate:
             if client is None:
                 replies[proxy.cid] = evaluate_child(proxy, parameters, config)
                 continue
-            if client.tests_sent_model(dict(config)):
+            if client.tests_sent_model(config):
                 sent = to_tensors(decoded) if sent is None else sent
                 model = sent
             else:
