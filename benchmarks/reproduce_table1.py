@@ -1,7 +1,8 @@
 """Reproduce PerMFL's Table 1: every algorithm of the table on the table1_* presets, several
 seeds, then ``hfl-report`` per setting with the paper's numbers beside ours.
 
-One run per (setting, algorithm, seed), each a separate process:
+One run per (setting, algorithm, seed), each a separate process (forked from an interpreter that
+has already imported torch and Flower, benchmarks/preloaded.py; ``--fresh-processes``: started anew):
 
     hfl-simulate experiment=table1_<setting> algorithm=<alg> seed=<s> runtime=inprocess \\
         global_rounds=<N> [dataset.root=<MNIST root>] hydra.run.dir=<out>/<setting>/<alg>/seed<s>
@@ -44,6 +45,8 @@ from pathlib import Path
 
 import yaml
 
+import preloaded  # benchmarks/preloaded.py, beside this script
+
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 PAPER = Path(__file__).resolve().parent / "table1_paper.yaml"
@@ -56,6 +59,9 @@ TABLE1_CONVEX = ("fedavg", "perfedavg", "pfedme", "pfedbayes", "ditto", "hierfav
 TABLE1_NONCONVEX = tuple(a for a in TABLE1_CONVEX if a != "pfedbayes")
 ESTIMATE_ROUNDS = (50, 100, 200)
 SAFE = re.compile(r"^[A-Za-z0-9_./+:~-]+$")
+# hfl-simulate runs are forked from an interpreter that has imported torch and Flower once
+# (benchmarks/preloaded.py), not started afresh; --fresh-processes turns this off.
+PRELOADED = True
 
 
 @dataclass
@@ -138,6 +144,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Hydra override for every run (repeatable), e.g. --override eval_every=5")
     parser.add_argument("--no-report", action="store_true", help="run only, no hfl-report")
+    parser.add_argument("--fresh-processes", action="store_true",
+                        help="start each run as a new hfl-simulate process (default: forked from an interpreter "
+                             "that has already imported torch and Flower, ~3 s less a run; benchmarks/preloaded.py)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit; runs and deletes nothing")
     args = parser.parse_args(argv)
 
@@ -231,10 +240,15 @@ def execute(job: Job) -> Job:
         shutil.rmtree(job.run_dir)  # an unfinished or different run: start clean (state/ included)
     job.log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    simulate = tool("hfl-simulate", "hfl.simulate")
+    forked = PRELOADED and preloaded.available() and job.command[:len(simulate)] == simulate
     with job.log.open("w") as log:
-        log.write("$ " + shlex.join(job.command) + "\n")
+        log.write("$ " + shlex.join(job.command) + (" (forked from a preloaded interpreter)" if forked else "") + "\n")
         log.flush()
-        rc = subprocess.run(job.command, check=False, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+        if forked:
+            rc = preloaded.run_simulate(["hfl-simulate", *job.command[len(simulate):]], job.log, REPO)
+        else:
+            rc = subprocess.run(job.command, check=False, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
     job.wall = time.perf_counter() - start
     job.summary = read_summary(job.run_dir)
     if rc == 0 and job.summary is not None and job.summary.get("rounds") == job.rounds:
@@ -389,7 +403,9 @@ def finish_sweep(jobs: list[Job], pending: list[Job], total: float, workers: int
 
 
 def main(argv: list[str] | None = None) -> int:
+    global PRELOADED
     args = parse_args(argv)
+    PRELOADED = not args.fresh_processes
     jobs = build_jobs(args)
     pending = pending_jobs(jobs)
     if args.dry_run:
