@@ -261,6 +261,25 @@ def test_gaussian_kl_by_hand_and_its_gradients_against_autograd():
         torch.testing.assert_close(c[0], a)
 
 
+def test_pfedbayes_softplus_within_4_ulps_of_float64_and_exact_at_the_edges():
+    from clients.pfedbayes import softplus
+
+    x = torch.cat([torch.linspace(-120.0, 100.0, 400_001),  # underflow, u = 1, the threshold, overflow
+                   torch.tensor([0.0, -0.0, 19.9999, 20.0, 20.0001, -16.7, -87.3, -103.9, 88.7, 89.0, 1e30, -1e30])])
+    reference, before = torch.nn.functional.softplus(x.double()), x.clone()
+    got = softplus(x)
+    assert got.dtype == torch.float32 and got.shape == x.shape
+    normal = reference > torch.finfo(torch.float32).tiny
+    ulps = ((got.double() - reference).abs() / reference)[normal] / 2.0**-24
+    assert float(ulps.max()) <= 4.0
+    assert float((got.double() - reference)[~normal].abs().max()) < 1e-44  # e^x itself, subnormal or 0
+    assert torch.equal(got[x > 20], x[x > 20])  # x itself above the threshold, as PyTorch's
+    edges = softplus(torch.tensor([float("inf"), float("-inf"), float("nan"), RHO_ONE]))
+    assert edges[0] == float("inf") and edges[1] == 0.0 and edges[2].isnan()
+    assert float(edges[3]) == pytest.approx(1.0, rel=3e-7)
+    assert torch.equal(x, before)  # its input untouched (it works in place on its temporaries)
+
+
 def test_pfedbayes_steps_by_hand():
     # sigma = 1 (rho = RHO_ONE, sigmoid = 1 - 1/e); grad_w = 2, eps = 0.5, kl grads 1 and 3, lr 0.1, weight 0.5
     mu, rho = personal_step([torch.tensor([1.0])], [torch.tensor([RHO_ONE])], [torch.tensor([2.0])],
