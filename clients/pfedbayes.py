@@ -69,22 +69,17 @@ def gaussian_kl(mu_q: Params, rho_q: Params, mu_p: Params, rho_p: Params) -> flo
 
 def kl_grads(mu_q: Params, rho_q: Params, mu_p: Params, rho_p: Params) -> tuple[Params, Params, Params, Params]:
     """d KL(q || p) / d (mu_q, rho_q, mu_p, rho_p), in closed form (d sigma / d rho = sigmoid(rho))."""
-    g_mq, g_rq, g_mp, g_rp = [], [], [], []
-    for mq, rq, mp, rp in zip(mu_q, rho_q, mu_p, rho_p, strict=True):
-        sq, sp = softplus(rq), softplus(rp)
-        diff = mq - mp
-        g_mq.append(diff / sp**2)
-        g_rq.append((sq / sp**2 - 1 / sq) * torch.sigmoid(rq))
-        g_mp_, g_rp_ = prior_kl_grads(diff, sq, sp, rp)
-        g_mp.append(g_mp_)
-        g_rp.append(g_rp_)
-    return g_mq, g_rq, g_mp, g_rp
+    sq, sp = [softplus(r) for r in rho_q], [softplus(r) for r in rho_p]
+    g_mq = [(mq - mp) / s**2 for mq, mp, s in zip(mu_q, mu_p, sp, strict=True)]
+    g_rq = [(q / s**2 - 1 / q) * torch.sigmoid(r) for q, s, r in zip(sq, sp, rho_q, strict=True)]
+    return g_mq, g_rq, *prior_kl_grads(mu_q, mu_p, sq, sp, rho_p)
 
 
-def prior_kl_grads(diff: torch.Tensor, sq: torch.Tensor, sp: torch.Tensor,
-                   rp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``kl_grads``'s (mu_p, rho_p) side for one tensor, from ``diff = mu_q - mu_p`` and the sigmas."""
-    return -diff / sp**2, (1 / sp - (sq**2 + diff**2) / sp**3) * torch.sigmoid(rp)
+def prior_kl_grads(mu_q: Params, mu_p: Params, sq: Params, sp: Params, rho_p: Params) -> tuple[Params, Params]:
+    """``kl_grads``'s (mu_p, rho_p) side, from the sigmas ``sq``, ``sp`` already taken."""
+    diff = [mq - mp for mq, mp in zip(mu_q, mu_p, strict=True)]
+    return ([-d / s**2 for d, s in zip(diff, sp, strict=True)],
+            [(1 / s - (q**2 + d**2) / s**3) * torch.sigmoid(r) for d, q, s, r in zip(diff, sq, sp, rho_p, strict=True)])
 
 
 def personal_step(mu: Params, rho: Params, grad_w: Params, eps: Params, kl_mu: Params, kl_rho: Params,
@@ -187,8 +182,7 @@ def _run_group(plans: Sequence[BayesPlan], data: Any, loss_and_grad: Callable) -
             rho_q = [r - plr * (g * e * sg + kk) for r, g, e, sg, kk in zip(rho_q, grad_w, eps, sig, kl_rho, strict=True)]
             sq = [softplus(r) for r in rho_q]
         total += loss
-        g_mv, g_rv = map(list, zip(*(prior_kl_grads(mq - mv, q, p, rv) for mq, mv, q, p, rv
-                                     in zip(mu_q, mu_v, sq, sp, rho_v, strict=True)), strict=True))
+        g_mv, g_rv = prior_kl_grads(mu_q, mu_v, sq, sp, rho_v)
         mu_v, rho_v = prior_step(mu_v, rho_v, _scaled(prior_rate, g_mv), _scaled(prior_rate, g_rv), 1.0, 1.0)
     q = zip(*(t.cpu().unbind(0) for t in [*mu_q, *rho_q]), strict=True)
     v = zip(*(t.cpu().unbind(0) for t in [*mu_v, *rho_v]), strict=True)
