@@ -28,6 +28,7 @@ from hfl.errors import ConfigError
 from hfl.faults import Dropout, dropout_fractions
 from hfl.deploy.wiring import deployed_client, team_server_components, tier_of
 from hfl.node import build_team_node, federation_for, initial_model
+from hfl.polling import PolledServerApp
 from hfl.recorder import Recorder
 from hfl.resume import Checkpoint, Resumed
 from hfl.sampling import DeviceDraw
@@ -110,7 +111,7 @@ def make_server_app(cfg: Mapping, run_dir: str | Path, start: Checkpoint | None 
         strategy = build_global_strategy(cfg, run_dir, start)
         return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds_left(cfg, start)))
 
-    return ServerApp(server_fn=server_fn)
+    return PolledServerApp(server_fn=server_fn, pull_interval=cfg["runtime"].get("poll_interval"))
 
 
 def make_client_app(cfg: Mapping) -> ClientApp:

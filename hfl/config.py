@@ -209,6 +209,9 @@ def _check_accelerators(alg: Mapping, runtime: Mapping) -> None:
     gpus = runtime.get("num_gpus_per_team")
     if gpus is not None:
         check_number("runtime.num_gpus_per_team", gpus, minimum=0)
+    poll = runtime.get("poll_interval")
+    if poll is not None:  # seconds: below 1 ms a loop only spins; above 1 s (a value meant in ms?) rounds crawl
+        check_number("runtime.poll_interval", poll, minimum=0.001, maximum=1.0)
 
 
 def check_state_dir(runtime: Mapping) -> None:

@@ -374,6 +374,8 @@ class SimulationRuntimeConfig(RuntimeConfig):
     ray_address: Optional[str] = MISSING  # null: a fresh local Ray instance; else the cluster to join
     # null: <run dir>/state; else a directory every Ray node mounts (the run's state in a folder of its own)
     state_dir: Optional[str] = MISSING
+    # seconds between Flower's looks for messages (hfl.polling); null: Flower's 0.1
+    poll_interval: Optional[float] = MISSING
     verbose: bool = MISSING
 
 

@@ -31,6 +31,7 @@ from hfl.config import validate
 from hfl.errors import ConfigError, DatasetNotFoundError
 from hfl.inprocess import InProcessClientProxy, client_manager_of
 from hfl.node import build_team_node, check_tree, federation_for, initial_model
+from hfl.polling import simulation_polling
 from hfl.recorder import Recorder
 from hfl.report import load_run
 from hfl.resume import Checkpoint, prepare, state_dir
@@ -124,7 +125,7 @@ def run_simulation(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None)
     init_args = ray_init_args(runtime)
     # Ray's lines always reach the log file; runtime.verbose lets the console show them too
     # (hfl.console), and Flower's DEBUG lines, which the log file always has.
-    with ray_output_to_log() as logging_args:
+    with ray_output_to_log() as logging_args, simulation_polling(runtime.get("poll_interval")):
         flwr_run_simulation(
             server_app=make_server_app(cfg, run_dir, start),
             client_app=make_client_app(cfg),

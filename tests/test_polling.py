@@ -1,0 +1,89 @@
+"""runtime.poll_interval: how often Flower's simulation looks for messages (hfl.polling)."""
+
+from __future__ import annotations
+
+import threading
+from queue import Queue
+
+import pytest
+from flwr.server.superlink.fleet.vce import vce_api
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+from hfl.errors import ConfigError
+from hfl.polling import FLOWER_INTERVAL, PolledServerApp, dispatch_loop, simulation_polling
+from hfl.simulate import run
+from tests.conftest import SMALL, compose_cfg
+
+
+class FakeState:
+    """A LinkState holding instructions per node, handing out at most ``limit`` a call."""
+
+    def __init__(self, pending: dict[int, list[str]]) -> None:
+        self.pending = pending
+        self.calls = 0
+
+    def get_message_ins(self, node_id: int, limit: int) -> list[str]:
+        self.calls += 1
+        out, self.pending[node_id] = self.pending[node_id][:limit], self.pending[node_id][limit:]
+        return out
+
+
+def test_dispatch_loop_hands_every_instruction_to_the_queue_and_stops():
+    state = FakeState({1: ["a", "b"], 2: ["c"]})
+    queue: Queue = Queue()
+    stop = threading.Event()
+    loop = threading.Thread(target=dispatch_loop(0.001), args=(state, queue, {1: 0, 2: 1}, stop))
+    loop.start()
+    got = sorted(queue.get(timeout=5) for _ in range(3))
+    stop.set()
+    loop.join(timeout=5)
+    assert got == ["a", "b", "c"]
+    assert not loop.is_alive()
+    assert state.calls >= 4  # one message per node a look: node 1 needed two looks
+
+
+def test_simulation_polling_replaces_flowers_loop_only_inside_the_block():
+    flowers = vce_api.add_messages_to_queue
+    with simulation_polling(0.01) as replaced:
+        assert replaced
+        assert vce_api.add_messages_to_queue is not flowers
+    assert vce_api.add_messages_to_queue is flowers
+    with simulation_polling(None) as replaced:
+        assert not replaced
+        assert vce_api.add_messages_to_queue is flowers
+
+
+def test_a_changed_flower_loop_is_left_alone_with_a_warning(monkeypatch, caplog):
+    def add_messages_to_queue(state, queue, f_stop):  # noqa: ANN001, ANN202 - another signature
+        return None
+
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", add_messages_to_queue)
+    with caplog.at_level("WARNING"), simulation_polling(0.01) as replaced:
+        assert not replaced
+        assert vce_api.add_messages_to_queue is add_messages_to_queue
+    assert "not applied" in caplog.text
+
+
+class Stop(Exception):
+    pass
+
+
+def _stop(_context):  # noqa: ANN001, ANN202
+    raise Stop
+
+
+@pytest.mark.parametrize(("interval", "expected"), [(0.01, 0.01), (None, FLOWER_INTERVAL)])
+def test_server_app_sets_the_in_memory_grids_pull_interval(interval, expected):
+    grid = object.__new__(InMemoryGrid)  # its constructor wants a live LinkState
+    grid.pull_interval = FLOWER_INTERVAL
+    with pytest.raises(Stop):
+        PolledServerApp(server_fn=_stop, pull_interval=interval)(grid, None)
+    assert grid.pull_interval == expected
+
+
+@pytest.mark.parametrize("value", [0, 5, -0.1])  # a non-number: the schema refuses it at composition
+def test_bad_poll_interval_is_refused_before_training(tmp_path, value):
+    cfg = compose_cfg(*SMALL, "runtime=simulation", f"runtime.poll_interval={value}")
+    with pytest.raises(ConfigError, match="runtime.poll_interval"):
+        run(cfg, tmp_path)
+    assert not (tmp_path / "metrics.jsonl").exists()
