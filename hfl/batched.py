@@ -53,6 +53,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from hfl.closed_forms import SCALED_STEPS, NLLTargets, closed_form, mclr_batched_loss_and_grad, nll_targets
 from hfl.device import DeviceRuntime
 from hfl.inprocess import call_fit
+from hfl.lockstep import current_submit
 from hfl.mclr_dual import DualData, dual_pays, make_dual_data, run_dual_steps, size_buckets
 from hfl.models import MCLR
 from hfl.payload import LocalParameters
@@ -502,6 +503,39 @@ def run_plans(devices: Sequence[DeviceRuntime], plans: Sequence[FitPlan | GroupP
     return replies  # type: ignore[return-value]
 
 
+@dataclass
+class PlanRequest:
+    """A lowest node's batched fit, handed to the in-process lockstep (hfl.lockstep) to run with
+    its siblings' (``run_plan_requests``)."""
+
+    devices: Sequence[DeviceRuntime]
+    plans: Sequence[FitPlan | GroupPlan]
+    device: torch.device
+
+
+def _architecture(request: PlanRequest) -> Hashable:
+    model = request.devices[0].trainer.model
+    return str(request.device), type(model), tuple((name, tuple(p.shape)) for name, p in model.named_parameters())
+
+
+def run_plan_requests(requests: Sequence[PlanRequest]) -> list[list[FitReply]]:
+    """Several nodes' batched fits as one: the devices of requests with the same architecture and
+    compute device go through ``run_plans`` together (its groups then span the nodes); each
+    request gets its own devices' replies, in order."""
+    groups: dict[Hashable, list[int]] = {}
+    for r, request in enumerate(requests):
+        groups.setdefault(_architecture(request), []).append(r)
+    out: list[list[FitReply]] = [[] for _ in requests]
+    for members in groups.values():
+        devices = [d for r in members for d in requests[r].devices]
+        plans = [p for r in members for p in requests[r].plans]
+        replies = run_plans(devices, plans, ConcatenatedData(devices, requests[members[0]].device))
+        at = 0
+        for r in members:
+            out[r], at = replies[at:at + len(requests[r].devices)], at + len(requests[r].devices)
+    return out
+
+
 # ------------------------------------------------------------------ a lowest node's children
 class BatchedFit:
     """What a lowest node calls instead of its devices' ``fit`` one by one
@@ -550,7 +584,10 @@ class BatchedFit:
         if planned:
             try:
                 devices = [c.device for _, c, _ in planned]
-                replies = run_plans(devices, [p for _, _, p in planned], self.data(devices))
+                plans = [p for _, _, p in planned]
+                submit = current_submit()  # in process, with the node's siblings (hfl.lockstep)
+                replies = submit(PlanRequest(devices, plans, self.device)) if submit is not None else \
+                    run_plans(devices, plans, self.data(devices))
             except Exception as exc:  # noqa: BLE001 - a failed batched step fails every device in it
                 replies = [exc] * len(planned)
             for (i, _, _), reply in zip(planned, replies, strict=True):

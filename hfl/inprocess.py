@@ -28,12 +28,14 @@ from flwr.common import (
     Parameters,
     ReconnectIns,
 )
+from flwr.server import Server
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from hfl.aggregate import nbytes
 from hfl.faults import SimulatedFault
+from hfl.lockstep import Execute, Lockstep
 from hfl.payload import payload_nbytes
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,39 @@ class InProcessClientProxy(ClientProxy):
 
     def reconnect(self, ins: ReconnectIns, timeout: float | None, group_id: int | None) -> DisconnectRes:
         return DisconnectRes(reason="in-process client")
+
+
+class LockstepServer(Server):
+    """Flower's legacy ``Server`` whose fit rounds run the asked children as the parties of a
+    ``Lockstep`` (hfl.lockstep): their fits take turns, and the batched steps they reach are merged
+    by ``execute`` (``hfl.batched.run_plan_requests``). Evaluation rounds are Flower's own."""
+
+    def __init__(self, *, client_manager: SimpleClientManager, strategy: Strategy, execute: Execute) -> None:
+        super().__init__(client_manager=client_manager, strategy=strategy)
+        self.execute = execute
+        self.batches: list[list[int]] = []  # per fit round, the parties merged in each step (tests)
+
+    def fit_round(self, server_round: int, timeout: float | None):  # noqa: ANN201 - Flower's own type
+        instructions = self.strategy.configure_fit(server_round=server_round, parameters=self.parameters,
+                                                   client_manager=self._client_manager)
+        if not instructions:
+            log.info("configure_fit: no clients selected, cancel")
+            return None
+        lockstep = Lockstep(self.execute)
+        outcomes = lockstep.run([lambda proxy=proxy, ins=ins: proxy.fit(ins, timeout=timeout, group_id=server_round)
+                                 for proxy, ins in instructions])
+        self.batches.append(lockstep.batches)
+        results: list[tuple[ClientProxy, FitRes]] = []
+        failures: list[tuple[ClientProxy, FitRes] | BaseException] = []
+        for (proxy, _), res in zip(instructions, outcomes, strict=True):
+            if isinstance(res, BaseException):
+                failures.append(res)
+            elif res.status.code == Code.OK:
+                results.append((proxy, res))
+            else:
+                failures.append((proxy, res))
+        parameters, metrics = self.strategy.aggregate_fit(server_round, results, failures)
+        return parameters, metrics, (results, failures)
 
 
 def client_manager_of(proxies: list[ClientProxy]) -> SimpleClientManager:

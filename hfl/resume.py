@@ -48,7 +48,7 @@ FREE_KEYS = ("resume", "hydra", "runtime.verbose", "runtime.torch_threads", "run
              "dataset.lazy", "dataset.cache_mb")  # lazy devices are bit-identical to eager ones (tests/test_scale.py)
 # Keys added after runs began recording their config, with the value such a run had in effect:
 # a run recorded without one resumes with that value.
-ADDED_KEYS = {"runtime.dropout": 0.0, "runtime.dropout_nodes": 0.0}
+ADDED_KEYS = {"runtime.dropout": 0.0, "runtime.dropout_nodes": 0.0, "runtime.batch_siblings": False}
 
 
 @dataclass

@@ -382,6 +382,8 @@ class SimulationRuntimeConfig(RuntimeConfig):
 @dataclass
 class InProcessRuntimeConfig(RuntimeConfig):
     verbose: bool = MISSING
+    # the root's children fit taking turns, their batched device steps merged (hfl.lockstep)
+    batch_siblings: bool = MISSING
 
 
 @dataclass

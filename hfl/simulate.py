@@ -29,7 +29,7 @@ from hfl.apps import (
 )
 from hfl.config import validate
 from hfl.errors import ConfigError, DatasetNotFoundError
-from hfl.inprocess import InProcessClientProxy, client_manager_of
+from hfl.inprocess import InProcessClientProxy, LockstepServer, client_manager_of
 from hfl.node import build_team_node, check_tree, federation_for, initial_model
 from hfl.polling import simulation_polling
 from hfl.recorder import Recorder
@@ -53,9 +53,15 @@ def run_inprocess(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None) 
         InProcessClientProxy(f"{t:06d}", lambda t=t: build_team_node(cfg, t, cfg["runtime"]["state_dir"]).to_client())
         for t in range(teams)
     ]
-    server = Server(client_manager=client_manager_of(proxies), strategy=build_global_strategy(cfg, run_dir, start))
+    manager, strategy = client_manager_of(proxies), build_global_strategy(cfg, run_dir, start)
+    if cfg["runtime"].get("batch_siblings", False):
+        from hfl.batched import run_plan_requests
+
+        server: Server = LockstepServer(client_manager=manager, strategy=strategy, execute=run_plan_requests)
+    else:
+        server = Server(client_manager=manager, strategy=strategy)
     freeze_long_lived_objects()
-    server.set_max_workers(1)
+    server.set_max_workers(1)  # evaluation rounds: one child after the other
     server.fit(num_rounds=rounds_left(cfg, start), timeout=None)
 
 
