@@ -28,6 +28,7 @@ from flwr.common import (
     Parameters,
     ReconnectIns,
 )
+from flwr.common.logger import log as flwr_log
 from flwr.server import Server
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -85,9 +86,12 @@ class LockstepServer(Server):
     def fit_round(self, server_round: int, timeout: float | None):  # noqa: ANN201 - Flower's own type
         instructions = self.strategy.configure_fit(server_round=server_round, parameters=self.parameters,
                                                    client_manager=self._client_manager)
+        # Flower's own log lines for a fit round, on its logger (the run's log file has them)
         if not instructions:
-            log.info("configure_fit: no clients selected, cancel")
+            flwr_log(logging.INFO, "configure_fit: no clients selected, cancel")
             return None
+        flwr_log(logging.INFO, "configure_fit: strategy sampled %s clients (out of %s)", len(instructions),
+                 self._client_manager.num_available())
         lockstep = Lockstep(self.execute)
         outcomes = lockstep.run([lambda proxy=proxy, ins=ins: proxy.fit(ins, timeout=timeout, group_id=server_round)
                                  for proxy, ins in instructions])
@@ -101,6 +105,7 @@ class LockstepServer(Server):
                 results.append((proxy, res))
             else:
                 failures.append((proxy, res))
+        flwr_log(logging.INFO, "aggregate_fit: received %s results and %s failures", len(results), len(failures))
         parameters, metrics = self.strategy.aggregate_fit(server_round, results, failures)
         return parameters, metrics, (results, failures)
 
