@@ -87,16 +87,22 @@ def pack_states(states: dict[int, dict[str, np.ndarray]]) -> dict[str, np.ndarra
 
 
 def unpack_states(packed: dict[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
-    ids = [int(i) for i in packed["ids"]]
+    """``pack_states``'s inverse: each device's arrays are views into the packed data."""
+    ids = packed["ids"].tolist()
     states: dict[int, dict[str, np.ndarray]] = {i: {} for i in ids}
     for j, name in enumerate(str(n) for n in packed["names"]):
-        table, data, start = packed[f"shape_{j}"], packed[f"data_{j}"], 0
-        for d, i in enumerate(ids):
-            if table[d, 0]:
-                shape = tuple(int(s) for s in table[d, 1:])
-                size = math.prod(shape)
-                states[i][name] = data[start:start + size].reshape(shape)
-                start += size
+        table, data = packed[f"shape_{j}"], packed[f"data_{j}"]
+        present = table[:, 0].astype(bool)
+        shapes = table[present, 1:]
+        holders = [i for i, p in zip(ids, present.tolist(), strict=True) if p]
+        if shapes.shape[1] and len(shapes) and (shapes == shapes[0]).all():  # one shape (models): one reshape
+            parts = list(data.reshape(len(shapes), *shapes[0].tolist()))
+        else:  # ragged (a sampler's permutation) or scalars
+            ends = np.cumsum(shapes.prod(axis=1))
+            parts = [chunk.reshape(shape) for chunk, shape in
+                     zip(np.split(data, ends[:-1]), map(tuple, shapes.tolist()), strict=True)] if len(shapes) else []
+        for i, part in zip(holders, parts, strict=True):
+            states[i][name] = part
     return states
 
 

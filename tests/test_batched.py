@@ -313,13 +313,15 @@ def test_packed_device_states_round_trip_with_ragged_and_missing_fields():
             "personal_0": np.full((4, 3), 2.0, np.float32), "personal_1": np.ones(4, np.float32),
             "extra_head": np.array([[1.5]])},
     }
+    for i in states:  # a field every device has in one shape (unpacked with one reshape)
+        states[i]["sampler_generator"] = np.arange(5, dtype=np.uint8) + i
     back = unpack_states(pack_states(states))
     assert sorted(back) == [1, 4, 9]
     for i, arrays in states.items():
         assert sorted(back[i]) == sorted(arrays)
         for name, value in arrays.items():
             np.testing.assert_array_equal(back[i][name], value)
-            assert back[i][name].dtype == value.dtype
+            assert back[i][name].dtype == value.dtype and back[i][name].shape == value.shape
     with pytest.raises(ValueError, match="differs in rank"):
         pack_states({0: {"a": np.zeros(2)}, 1: {"a": np.zeros((2, 2))}})
 
