@@ -518,15 +518,38 @@ def _architecture(request: PlanRequest) -> Hashable:
     return str(request.device), type(model), tuple((name, tuple(p.shape)) for name, p in model.named_parameters())
 
 
-def run_plan_requests(requests: Sequence[PlanRequest]) -> list[list[FitReply]]:
-    """Several nodes' batched fits as one: the devices of requests with the same architecture and
-    compute device go through ``run_plans`` together (its groups then span the nodes); each
-    request gets its own devices' replies, in order."""
-    groups: dict[Hashable, list[int]] = {}
+# Merging pays where a step's fixed cost is a large part of it (tens of devices); past this many
+# devices, or this much training data, nodes are stepped apart: 5 merged 700-device teams (3,500
+# Synthetic devices in process) ran 3.8 s/round against 2.84 apart, their merged concatenation
+# crowding the kept data (CONCAT_CACHE_BYTES) out every round.
+MERGE_MAX_DEVICES = 256
+MERGE_MAX_BYTES = CONCAT_CACHE_BYTES // 8
+
+
+def merged_groups(requests: Sequence[PlanRequest]) -> list[list[int]]:
+    """Positions of ``requests`` to run together: the same architecture and compute device, in
+    order, each group within ``MERGE_MAX_DEVICES`` devices and ``MERGE_MAX_BYTES`` of training data
+    (a larger request runs alone)."""
+    open_groups: dict[Hashable, tuple[list[int], int, int]] = {}
+    done: list[list[int]] = []
     for r, request in enumerate(requests):
-        groups.setdefault(_architecture(request), []).append(r)
+        key = _architecture(request)
+        size = len(request.devices)
+        data = sum(d.x_train.nbytes + d.y_train.nbytes for d in request.devices)
+        members, devices, nbytes = open_groups.get(key, ([], 0, 0))
+        if members and (devices + size > MERGE_MAX_DEVICES or nbytes + data > MERGE_MAX_BYTES):
+            done.append(members)
+            members, devices, nbytes = [], 0, 0
+        open_groups[key] = ([*members, r], devices + size, nbytes + data)
+    return done + [members for members, _, _ in open_groups.values()]
+
+
+def run_plan_requests(requests: Sequence[PlanRequest]) -> list[list[FitReply]]:
+    """Several nodes' batched fits as one: the devices of the requests of each ``merged_groups``
+    group go through ``run_plans`` together (its groups then span the nodes); each request gets
+    its own devices' replies, in order."""
     out: list[list[FitReply]] = [[] for _ in requests]
-    for members in groups.values():
+    for members in merged_groups(requests):
         devices = [d for r in members for d in requests[r].devices]
         plans = [p for r in members for p in requests[r].plans]
         replies = run_plans(devices, plans, ConcatenatedData(devices, requests[members[0]].device))

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 import hfl.batched as batched_module
 from hfl.lockstep import Lockstep, current_submit
@@ -139,3 +140,26 @@ def test_merged_siblings_equal_one_node_at_a_time(tmp_path, monkeypatch, case):
     assert merged and max(merged) >= 2
     assert_same_run(tmp_path / "merged", tmp_path / "apart")
     assert len(_rows(tmp_path / "merged")) == 3
+
+
+# ---------------------------------------------------------------- which nodes merge
+def _request(sizes: list[int], dim: int = 6):  # noqa: ANN202
+    from hfl.batched import PlanRequest
+    from tests.test_batched import _device
+
+    return PlanRequest([_device(i, n, 4, dim=dim) for i, n in enumerate(sizes)], [], torch.device("cpu"))
+
+
+def test_nodes_merge_by_architecture_within_the_caps(monkeypatch):
+    from hfl.batched import merged_groups
+
+    requests = [_request([5, 5]), _request([5, 5], dim=7), _request([5, 5]), _request([5, 5, 5])]
+    assert merged_groups(requests) == [[0, 2, 3], [1]]  # another input size: another model
+    monkeypatch.setattr(batched_module, "MERGE_MAX_DEVICES", 4)
+    assert merged_groups(requests) == [[0, 2], [3], [1]]
+    monkeypatch.setattr(batched_module, "MERGE_MAX_DEVICES", 2)
+    assert merged_groups(requests) == [[0], [2], [3], [1]]  # a node over the cap runs alone
+    monkeypatch.setattr(batched_module, "MERGE_MAX_DEVICES", 256)
+    one = sum(d.x_train.nbytes + d.y_train.nbytes for d in requests[0].devices)
+    monkeypatch.setattr(batched_module, "MERGE_MAX_BYTES", 2 * one)
+    assert merged_groups(requests) == [[0, 2], [3], [1]]
