@@ -526,6 +526,16 @@ MERGE_MAX_DEVICES = 256
 MERGE_MAX_BYTES = CONCAT_CACHE_BYTES // 8
 
 
+def _training_bytes(devices: Sequence[DeviceRuntime]) -> int:
+    return sum(d.x_train.nbytes + d.y_train.nbytes for d in devices)
+
+
+def mergeable(devices: Sequence[DeviceRuntime]) -> bool:
+    """Whether a node's fit may wait to be merged with its siblings' (else it runs at once, and
+    its node need not stay built while the others catch up)."""
+    return len(devices) <= MERGE_MAX_DEVICES and _training_bytes(devices) <= MERGE_MAX_BYTES
+
+
 def merged_groups(requests: Sequence[PlanRequest]) -> list[list[int]]:
     """Positions of ``requests`` to run together: the same architecture and compute device, in
     order, each group within ``MERGE_MAX_DEVICES`` devices and ``MERGE_MAX_BYTES`` of training data
@@ -535,7 +545,7 @@ def merged_groups(requests: Sequence[PlanRequest]) -> list[list[int]]:
     for r, request in enumerate(requests):
         key = _architecture(request)
         size = len(request.devices)
-        data = sum(d.x_train.nbytes + d.y_train.nbytes for d in request.devices)
+        data = _training_bytes(request.devices)
         members, devices, nbytes = open_groups.get(key, ([], 0, 0))
         if members and (devices + size > MERGE_MAX_DEVICES or nbytes + data > MERGE_MAX_BYTES):
             done.append(members)
@@ -608,7 +618,8 @@ class BatchedFit:
             try:
                 devices = [c.device for _, c, _ in planned]
                 plans = [p for _, _, p in planned]
-                submit = current_submit()  # in process, with the node's siblings (hfl.lockstep)
+                # in process, with the node's siblings (hfl.lockstep) where merging may pay
+                submit = current_submit() if mergeable(devices) else None
                 replies = submit(PlanRequest(devices, plans, self.device)) if submit is not None else \
                     run_plans(devices, plans, self.data(devices))
             except Exception as exc:  # noqa: BLE001 - a failed batched step fails every device in it
