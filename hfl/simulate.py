@@ -17,7 +17,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from hfl import console, schema
+from hfl import batched, console, schema
 from hfl.apps import (
     CONF_DIR,
     build_global_strategy,
@@ -27,7 +27,6 @@ from hfl.apps import (
     rounds_left,
     run_meta,
 )
-from hfl.batched import MERGE_MAX_DEVICES, run_plan_requests
 from hfl.config import validate
 from hfl.errors import ConfigError, DatasetNotFoundError
 from hfl.inprocess import InProcessClientProxy, LockstepServer, client_manager_of
@@ -58,8 +57,8 @@ def run_inprocess(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None) 
     # Only where some lowest node is small enough to be merged: else the parties would only keep
     # each other's nodes built (and glibc an allocation arena per thread: 3,500 devices in 5
     # teams peaked at 1.74 GiB against 1.5 one team at a time).
-    if cfg["runtime"].get("batch_siblings", False) and min(map(len, team_devices)) <= MERGE_MAX_DEVICES:
-        server: Server = LockstepServer(client_manager=manager, strategy=strategy, execute=run_plan_requests)
+    if cfg["runtime"].get("batch_siblings", False) and min(map(len, team_devices)) <= batched.MERGE_MAX_DEVICES:
+        server: Server = LockstepServer(client_manager=manager, strategy=strategy, execute=batched.run_plan_requests)
     else:
         server = Server(client_manager=manager, strategy=strategy)
     freeze_long_lived_objects()
