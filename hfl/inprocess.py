@@ -81,7 +81,6 @@ class LockstepServer(Server):
     def __init__(self, *, client_manager: SimpleClientManager, strategy: Strategy, execute: Execute) -> None:
         super().__init__(client_manager=client_manager, strategy=strategy)
         self.execute = execute
-        self.batches: list[list[int]] = []  # per fit round, the parties merged in each step (tests)
 
     def fit_round(self, server_round: int, timeout: float | None):  # noqa: ANN201 - Flower's own type
         instructions = self.strategy.configure_fit(server_round=server_round, parameters=self.parameters,
@@ -92,10 +91,8 @@ class LockstepServer(Server):
             return None
         flwr_log(logging.INFO, "configure_fit: strategy sampled %s clients (out of %s)", len(instructions),
                  self._client_manager.num_available())
-        lockstep = Lockstep(self.execute)
-        outcomes = lockstep.run([lambda proxy=proxy, ins=ins: proxy.fit(ins, timeout=timeout, group_id=server_round)
-                                 for proxy, ins in instructions])
-        self.batches.append(lockstep.batches)
+        outcomes = Lockstep(self.execute).run([lambda proxy=proxy, ins=ins: proxy.fit(ins, timeout=timeout, group_id=server_round)
+                                               for proxy, ins in instructions])
         results: list[tuple[ClientProxy, FitRes]] = []
         failures: list[tuple[ClientProxy, FitRes] | BaseException] = []
         for (proxy, _), res in zip(instructions, outcomes, strict=True):
