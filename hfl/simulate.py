@@ -48,16 +48,17 @@ def run_inprocess(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None) 
     import torch
 
     torch.set_num_threads(int(cfg["runtime"]["torch_threads"]))
-    team_devices = federation_for(cfg).teams
+    tree = federation_for(cfg).tree
     proxies = [
         InProcessClientProxy(f"{t:06d}", lambda t=t: build_team_node(cfg, t, cfg["runtime"]["state_dir"]).to_client())
-        for t in range(len(team_devices))
+        for t in range(len(tree.children("")))
     ]
     manager, strategy = client_manager_of(proxies), build_global_strategy(cfg, run_dir, start)
     # Only where some lowest node is small enough to be merged: else the parties would only keep
     # each other's nodes built (and glibc an allocation arena per thread: 3,500 devices in 5
     # teams peaked at 1.74 GiB against 1.5 one team at a time).
-    if cfg["runtime"].get("batch_siblings", False) and min(map(len, team_devices)) <= batched.MERGE_MAX_DEVICES:
+    smallest = min(len(tree.devices(path)) for path in tree.nodes_at(tree.depth - 1))
+    if cfg["runtime"].get("batch_siblings", False) and smallest <= batched.MERGE_MAX_DEVICES:
         server: Server = LockstepServer(client_manager=manager, strategy=strategy, execute=batched.run_plan_requests)
     else:
         server = Server(client_manager=manager, strategy=strategy)

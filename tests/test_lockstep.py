@@ -166,3 +166,18 @@ def test_nodes_merge_by_architecture_within_the_caps(monkeypatch):
     one = sum(d.x_train.nbytes + d.y_train.nbytes for d in requests[0].devices)
     monkeypatch.setattr(batched_module, "MERGE_MAX_BYTES", 2 * one)
     assert merged_groups(requests) == [[0, 2], [3], [1]]
+
+
+def test_a_deep_tree_merges_by_its_lowest_nodes_not_its_subtrees(tmp_path, monkeypatch):
+    """fanout [2,2,3]: the root's children hold 6 devices each, its lowest nodes 3. With at most 5
+    devices a merge, the lowest nodes still merge (a cap on the subtrees would have stopped them)."""
+    from hfl.simulate import run
+
+    merged: list[int] = []
+    run_plan_requests = batched_module.run_plan_requests
+    monkeypatch.setattr(batched_module, "run_plan_requests", lambda requests: merged.append(len(requests))
+                        or run_plan_requests(requests))
+    monkeypatch.setattr(batched_module, "MERGE_MAX_DEVICES", 5)
+    run(compose_cfg(*SMALL, "runtime=inprocess", "runtime.batched=on", "dataset.batch_size=20", *CASES["bhfl-tree"]),
+        tmp_path / "run")
+    assert merged and max(merged) >= 2
