@@ -57,7 +57,7 @@ from hfl.lockstep import current_submit
 from hfl.mclr_dual import DualData, dual_pays, make_dual_data, run_dual_steps, size_buckets
 from hfl.models import MCLR
 from hfl.payload import LocalParameters
-from hfl.training import LocalTrainer, Params, run_local_steps
+from hfl.training import LocalTrainer, Params, converted_once, run_local_steps
 
 FitReply = tuple[NDArrays, int, dict[str, Scalar]]
 
@@ -349,18 +349,44 @@ def per(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def stack(models: Sequence[Params], device: torch.device) -> Params:
-    """Per-device tensors ``[D, ...]`` on ``device``. A tensor every device holds alike (the
-    team model all devices start from) is sent once and broadcast, not copied D times: on a GPU
-    host-to-device copies of D full models were the largest cost of a PerMFL CNN round. The
-    broadcast views are read-only (every update is out of place; an in-place one raises)."""
+    """Per-device tensors ``[D, ...]`` on ``device``. Tensors many devices hold alike (the team
+    model its devices start from; a few teams' models when siblings fit merged) are sent once
+    each, then broadcast (one alike) or gathered on ``device`` (a few): on a GPU host-to-device
+    copies of D full models were the largest cost of a PerMFL CNN round. The broadcast views are
+    read-only (every update is out of place; an in-place one raises)."""
     out = []
     for i in range(len(models[0])):
-        first = models[0][i]
-        if all(m[i] is first or torch.equal(m[i], first) for m in models[1:]):
-            out.append(first.to(device).unsqueeze(0).expand(len(models), *first.shape))
+        distinct, which = _distinct([m[i] for m in models])
+        if len(distinct) == 1:
+            out.append(distinct[0].to(device).unsqueeze(0).expand(len(models), *distinct[0].shape))
+        elif len(distinct) < len(models):
+            index = torch.tensor(which, device=device)
+            out.append(torch.stack(distinct).to(device).index_select(0, index))
         else:
             out.append(torch.stack([m[i] for m in models]).to(device))
     return out
+
+
+MAX_DISTINCT = 8  # beyond it, every tensor is taken as its own (checking costs more than it saves)
+
+
+def _distinct(tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
+    """The distinct values among ``tensors`` (at most ``MAX_DISTINCT``, else all of them) and
+    which one each tensor is."""
+    distinct: list[torch.Tensor] = []
+    which: list[int] = []
+    for t in tensors:
+        for j, u in enumerate(distinct):
+            # a few leading values first: models that differ nearly always differ there
+            if t is u or (torch.equal(t.view(-1)[:8], u.view(-1)[:8]) and torch.equal(t, u)):
+                which.append(j)
+                break
+        else:
+            if len(distinct) == MAX_DISTINCT:
+                return list(tensors), list(range(len(tensors)))
+            which.append(len(distinct))
+            distinct.append(t)
+    return distinct, which
 
 
 def phase_buckets(data: ConcatenatedData, devices: Sequence[DeviceRuntime], loss_and_grad: Callable) -> list[list[int]]:
@@ -599,6 +625,7 @@ class BatchedFit:
         outcomes: list[FitRes | BaseException | None] = [None] * len(calls)
         planned: list[tuple[int, DeviceClientLike, FitPlan | GroupPlan]] = []
         decoded: dict[int, NDArrays] = {}  # a strategy sends every device the same Parameters
+        converted: dict = {}  # ... and its arrays become tensors once (hfl.training.converted_once)
         for i, (proxy, ins) in enumerate(calls):
             # The proxy first: a dropped device's client need not be built (hfl.node.NodeDevices).
             client = self.clients.get(proxy.cid) if self.proxies.get(proxy.cid) is proxy else None
@@ -609,7 +636,8 @@ class BatchedFit:
                 key = id(ins.parameters)
                 if key not in decoded:
                     decoded[key] = parameters_to_ndarrays(ins.parameters)
-                plan = client.fit_plan(decoded[key], dict(ins.config))
+                with converted_once(converted):  # not around call_fit: a device's own fit
+                    plan = client.fit_plan(decoded[key], dict(ins.config))
             except Exception as exc:  # noqa: BLE001 - the device fails, as its fit would
                 outcomes[i] = exc
                 continue

@@ -17,7 +17,8 @@ from hfl.batched import DeviceClientLike, concatenated, stack
 from hfl.aggregate import nbytes
 from hfl.device import DeviceRuntime
 from hfl.inprocess import evaluate_child
-from hfl.models import MCLR
+from hfl.grouped_cnn import cnn_batched_log_probs
+from hfl.models import CNN, MCLR
 from hfl.training import LocalTrainer, Params, to_tensors
 
 
@@ -29,6 +30,8 @@ def batched_log_probs(trainer: LocalTrainer) -> Callable[[Params, torch.Tensor],
             logits = torch.baddbmm(bias.unsqueeze(2), weight, x.flatten(2).transpose(1, 2))  # [D, C, N]: faster
             return torch.log_softmax(logits, dim=1).transpose(1, 2).contiguous()
         return mclr
+    if type(trainer.model) is CNN:
+        return cnn_batched_log_probs
     names, model = trainer.names, trainer.model
     return vmap(lambda p, x: functional_call(model, dict(zip(names, p, strict=True)), (x,)))
 

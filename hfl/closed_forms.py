@@ -14,7 +14,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from hfl.models import DNN, MCLR, MLP
+from hfl.grouped_cnn import cnn_batched_loss_and_grad
+from hfl.models import CNN, DNN, MCLR, MLP
 
 Params = list[torch.Tensor]
 
@@ -94,6 +95,8 @@ def closed_form(model: nn.Module) -> Callable | None:
         return mclr_batched_loss_and_grad
     if type(model) is DNN or (type(model) is MLP and _flatten_linear_relu(model.body)):
         return relu_net_batched_loss_and_grad
+    if type(model) is CNN:  # not a closed form: autograd through a hand-batched forward
+        return cnn_batched_loss_and_grad
     return None
 
 

@@ -10,7 +10,9 @@ tensors of the same list (``LocalTrainer.buffer_mask``), updated by training for
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -25,14 +27,39 @@ Params = list[torch.Tensor]
 
 
 def to_tensors(arrays: Sequence[np.ndarray]) -> Params:
-    """Copy NumPy arrays (e.g. from a Flower message) into float32 tensors."""
+    """Copy NumPy arrays (e.g. from a Flower message) into float32 tensors. Inside
+    ``converted_once``, the same ``arrays`` object gives the same tensors again."""
+    memo = getattr(_CONVERTED, "memo", None)
+    if memo is not None and id(arrays) in memo and memo[id(arrays)][0] is arrays:
+        return list(memo[id(arrays)][1])
     out = []
     for a in arrays:
         a = np.ascontiguousarray(a, dtype=np.float32)
         # from_numpy + clone: half the per-call cost of torch.tensor (a node converts every round
         # the same model for each of its devices); torch.tensor for read-only buffers
         out.append(torch.from_numpy(a).clone() if a.flags.writeable else torch.tensor(a))
-    return out
+    if memo is not None:
+        memo[id(arrays)] = (arrays, out)  # the arrays kept alive: their id is not reused meanwhile
+    return list(out)
+
+
+_CONVERTED = threading.local()
+
+
+@contextmanager
+def converted_once(memo: dict | None = None) -> Iterator[None]:
+    """Within it (in this thread), ``to_tensors`` converts each arrays object once (remembered in
+    ``memo``, which may be passed again to a later block): the devices a
+    node sends one model get the same tensors, which the batched path then sends to its device
+    once (``hfl.batched.stack``) instead of comparing and copying D models. The tensors are
+    shared, so whoever holds them must not change them in place (the batched path and
+    ``run_local_steps`` never do)."""
+    outer = getattr(_CONVERTED, "memo", None)
+    _CONVERTED.memo = {} if memo is None else memo
+    try:
+        yield
+    finally:
+        _CONVERTED.memo = outer
 
 
 def to_ndarrays(params: Sequence[torch.Tensor]) -> list[np.ndarray]:

@@ -20,12 +20,15 @@ from hfl.batched import (
     ConcatenatedData,
     FitPlan,
     Phase,
+    MAX_DISTINCT,
     batched_loss_and_grad,
     draw_batches,
     functional_batched_loss_and_grad,
     run_plan,
     run_plans,
+    stack,
 )
+from hfl import closed_forms, grouped_cnn
 from hfl.batched_eval import evaluate_models
 from hfl.closed_forms import closed_form
 from hfl.config import load_module
@@ -33,7 +36,7 @@ from hfl.device import DeviceRuntime, pack_states, unpack_states
 from hfl.errors import ConfigError
 from hfl.models import CNN, DNN, MCLR, MLP, mclr_loss_and_grad
 from hfl.simulate import run
-from hfl.training import BatchSampler, LocalTrainer
+from hfl.training import BatchSampler, LocalTrainer, converted_once, to_tensors
 from tests.conftest import SMALL, compose_cfg
 
 ALGORITHMS = sorted(p.stem for p in (CONF_DIR / "algorithm").glob("*.yaml"))
@@ -85,13 +88,14 @@ def _weights(batch: int, lengths: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize(("model", "path"), [
     (MCLR((6,), 3), "closed"), (DNN((6,), 3, hidden=5), "closed"), (MLP((1, 2, 3), 3, hidden=5), "closed"),
-    (DNN((6,), 3, hidden=5), "vmap"), (CNN((1, 6, 6), 3, hidden=4), "vmap")],
-    ids=["mclr-closed-form", "dnn-closed-form", "mlp-closed-form", "dnn-vmap", "cnn-vmap"])
+    (DNN((6,), 3, hidden=5), "vmap"), (CNN((1, 6, 6), 3, hidden=4), "vmap"), (CNN((2, 7, 6), 3, hidden=4), "closed")],
+    ids=["mclr-closed-form", "dnn-closed-form", "mlp-closed-form", "dnn-vmap", "cnn-vmap", "cnn-grouped"])
 def test_stacked_gradients_equal_each_devices_own(model, path):
     torch.manual_seed(0)
     trainer = LocalTrainer(model)
-    assert (closed_form(model) is None) == isinstance(model, CNN)  # the CNN has no closed form
-    shape = {CNN: (1, 6, 6), MLP: (1, 2, 3)}.get(type(model), (6,))
+    assert closed_form(model) is not None  # every built-in batched model has a hand-written form
+    cnn_input = (1, 6, 6) if path == "vmap" else (2, 7, 6)  # the grouped form on a non-square, 2-channel input
+    shape = {CNN: cnn_input, MLP: (1, 2, 3)}.get(type(model), (6,))
     lengths, batch = [5, 3, 5], 5
     params = [[p + 0.1 * torch.randn_like(p) for p in trainer.initial_params()] for _ in lengths]
     x, y = torch.randn(len(lengths), batch, *shape), torch.randint(0, 3, (len(lengths), batch))
@@ -109,6 +113,40 @@ def test_stacked_gradients_equal_each_devices_own(model, path):
         w_d, y_d = torch.stack([params[1][0]]), y[1, :3]
         assert torch.allclose(mclr_loss_and_grad([w_d[0], params[1][1]], x[1, :3], y_d)[0],
                               -F.log_softmax(x[1, :3] @ w_d[0].t() + params[1][1], 1).gather(1, y_d[:, None]).mean())
+
+
+@pytest.mark.parametrize("kind", ["one-model", "two-teams", "late-difference", "all-own"])
+def test_stack_sends_distinct_models_once_and_equals_a_plain_stack(kind):
+    torch.manual_seed(3)
+    a, b = [torch.randn(4, 5), torch.randn(5)], [torch.randn(4, 5), torch.randn(5)]
+    late = [a[0].clone(), a[1].clone()]
+    late[0][3, 4] += 1.0  # equal in its leading values, different further on
+    models = {"one-model": [a, [t.clone() for t in a], a],
+              "two-teams": [a, b, [t.clone() for t in a], b, a],
+              "late-difference": [a, late, a],
+              "all-own": [[torch.randn(4, 5), torch.randn(5)] for _ in range(MAX_DISTINCT + 2)]}[kind]
+    got = stack(models, torch.device("cpu"))
+    for i, t in enumerate(got):
+        assert torch.equal(t, torch.stack([m[i] for m in models]))
+    # one model alike: a broadcast view (stride 0 along devices), no copies
+    assert (got[0].stride(0) == 0) == (kind == "one-model")
+
+
+def test_converted_once_gives_the_same_tensors_for_the_same_arrays_only_inside():
+    arrays, other = [np.ones((2, 3)), np.zeros(3)], [np.ones((2, 3)), np.zeros(3)]
+    memo: dict = {}
+    with converted_once(memo):
+        first, again, different = to_tensors(arrays), to_tensors(arrays), to_tensors(other)
+    with converted_once(memo):  # the same memo: still the same tensors
+        later = to_tensors(arrays)
+    assert all(a is b for a, b in zip(first, again, strict=True)) and first is not again
+    assert all(a is b for a, b in zip(first, later, strict=True))
+    assert not any(a is b for a, b in zip(first, different, strict=True))
+    outside = to_tensors(arrays)
+    assert not any(a is b for a, b in zip(first, outside, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(first, outside, strict=True))
+    # the stacked starts of devices sent one model: one tensor broadcast, no comparison needed
+    assert stack([first, later], torch.device("cpu"))[0].stride(0) == 0
 
 
 # ---------------------------------------------------------------- evaluation
@@ -439,6 +477,29 @@ def test_dual_form_on_the_gpu_equals_per_device_on_the_cpu(tmp_path, monkeypatch
     on = _run(tmp_path, "permfl", "on", [*extra, "runtime.device=cuda"])
     assert dual and set(dual) == {"cuda"}
     assert_same_run(on, off)
+
+
+@pytest.mark.skipif(not (REAL_MNIST / "MNIST" / "raw").is_dir(), reason="shared MNIST test split absent")
+def test_mnist_cnn_batched_equals_per_device_on_the_cpu(tmp_path, monkeypatch):
+    # the grouped-convolution form (hfl.grouped_cnn) through a whole PerMFL run, forced on the CPU
+    stepped: list[int] = []
+    real = grouped_cnn.cnn_batched_loss_and_grad
+
+    def counted(params, *args):  # noqa: ANN001, ANN002, ANN202
+        stepped.append(len(params[0]))
+        return real(params, *args)
+
+    monkeypatch.setattr(closed_forms, "cnn_batched_loss_and_grad", counted)
+    runs = {}
+    for mode in ("off", "on"):
+        runs[mode] = tmp_path / mode
+        run(compose_cfg("experiment=table1_mnist_cnn", "algorithm=permfl", f"dataset.root={REAL_MNIST}",
+                        "topology.num_teams=2", "topology.devices_per_team=2", "global_rounds=2",
+                        "eval_every=2", "algorithm.team_rounds=2", "algorithm.local_steps=3", "runtime=inprocess",
+                        f"runtime.batched={mode}", "runtime.device=cpu"), runs[mode])
+        assert bool(stepped) == (mode == "on")
+    assert set(stepped) == {4}  # both teams' devices in each step (hfl.lockstep)
+    assert_same_run(runs["on"], runs["off"])
 
 
 @GPU
