@@ -23,7 +23,8 @@ def cnn_batched_log_probs(params: Params, x: torch.Tensor) -> torch.Tensor:
     ``CNN.parameters()`` order) on inputs ``[D, B, C, H, W]``."""
     conv1_w, conv1_b, conv2_w, conv2_b, fc1_w, fc1_b, fc2_w, fc2_b = params
     devices, batch = x.shape[:2]
-    h = x.transpose(0, 1).reshape(batch, devices * x.shape[2], *x.shape[3:]).contiguous(memory_format=torch.channels_last)
+    h = x.transpose(0, 1).reshape(batch, devices * x.shape[2], *x.shape[3:])  # [B, D*C, H, W]
+    h = h.contiguous(memory_format=torch.channels_last)
     for weight, bias in ((conv1_w, conv1_b), (conv2_w, conv2_b)):
         kernel = weight.flatten(0, 1).contiguous(memory_format=torch.channels_last)
         h = F.max_pool2d(torch.relu(F.conv2d(h, kernel, bias.flatten(), groups=devices)), 2, stride=1)

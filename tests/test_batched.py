@@ -505,7 +505,7 @@ def test_mnist_cnn_batched_equals_per_device_on_the_cpu(tmp_path, monkeypatch):
 @GPU
 @pytest.mark.skipif(not (REAL_MNIST / "MNIST" / "raw").is_dir(), reason="shared MNIST test split absent")
 def test_mnist_cnn_on_the_gpu_equals_per_device_on_the_cpu(tmp_path, monkeypatch):
-    # vmap over the CNN's convolutions; TF32 off so the GPU's convolutions round as the CPU's
+    # the CNN's grouped convolutions (hfl.grouped_cnn); TF32 off so the GPU's convolutions round as the CPU's
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     seen = _on_cuda(monkeypatch)
     runs = {}
