@@ -378,7 +378,7 @@ def _distinct(tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list
     for t in tensors:
         for j, u in enumerate(distinct):
             # a few leading values first: models that differ nearly always differ there
-            if t is u or (torch.equal(t.view(-1)[:8], u.view(-1)[:8]) and torch.equal(t, u)):
+            if t is u or (torch.equal(t.reshape(-1)[:8], u.reshape(-1)[:8]) and torch.equal(t, u)):
                 which.append(j)
                 break
         else:

@@ -115,7 +115,7 @@ def test_stacked_gradients_equal_each_devices_own(model, path):
                               -F.log_softmax(x[1, :3] @ w_d[0].t() + params[1][1], 1).gather(1, y_d[:, None]).mean())
 
 
-@pytest.mark.parametrize("kind", ["one-model", "two-teams", "late-difference", "all-own"])
+@pytest.mark.parametrize("kind", ["one-model", "two-teams", "late-difference", "all-own", "not-contiguous"])
 def test_stack_sends_distinct_models_once_and_equals_a_plain_stack(kind):
     torch.manual_seed(3)
     a, b = [torch.randn(4, 5), torch.randn(5)], [torch.randn(4, 5), torch.randn(5)]
@@ -124,7 +124,8 @@ def test_stack_sends_distinct_models_once_and_equals_a_plain_stack(kind):
     models = {"one-model": [a, [t.clone() for t in a], a],
               "two-teams": [a, b, [t.clone() for t in a], b, a],
               "late-difference": [a, late, a],
-              "all-own": [[torch.randn(4, 5), torch.randn(5)] for _ in range(MAX_DISTINCT + 2)]}[kind]
+              "all-own": [[torch.randn(4, 5), torch.randn(5)] for _ in range(MAX_DISTINCT + 2)],
+              "not-contiguous": [a, [a[0].t().contiguous().t(), a[1]], b]}[kind]
     got = stack(models, torch.device("cpu"))
     for i, t in enumerate(got):
         assert torch.equal(t, torch.stack([m[i] for m in models]))
