@@ -224,6 +224,10 @@ def is_complete(job: Job) -> bool:
     return True
 
 
+# Enough for a global round's error to reach the first device failure it nests (e.g. CUDA out of memory).
+ERROR_CHARS = 900
+
+
 def last_error(log: Path) -> str:
     """The most telling line of a failed run's log: the last error-looking one, else the last."""
     try:
@@ -232,8 +236,8 @@ def last_error(log: Path) -> str:
         return "(no log)"
     for line in reversed(lines):
         if re.search(r"Error|error|Exception|hfl-simulate:", line):
-            return line[:300]
-    return lines[-1][:300] if lines else "(empty log)"
+            return line[:ERROR_CHARS]
+    return lines[-1][:ERROR_CHARS] if lines else "(empty log)"
 
 
 def pct(value: float | None) -> str:

@@ -35,6 +35,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from hfl.aggregate import nbytes
+from hfl.errors import first_failure
 from hfl.faults import SimulatedFault
 from hfl.lockstep import Execute, Lockstep
 from hfl.payload import payload_nbytes
@@ -211,6 +212,7 @@ def run_fit_rounds(
             raise RuntimeError(
                 f"round {here}: no model aggregated from {len(results)} results "
                 f"({metrics.get('rejected', 0)} rejected as NaN/Inf or misshaped), {len(failures)} failures{needed}"
+                f"{first_failure(failures)}"  # e.g. CUDA out of memory: the cause, not just a count
             )
         parameters = aggregated
         report.metrics.append(dict(metrics))

@@ -30,6 +30,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from hfl.aggregate import nbytes, update_problem
+from hfl.errors import first_failure
 from hfl.evaluation import pool_evaluations
 from hfl.faults import Dropout
 from hfl.payload import decode, unpack
@@ -57,16 +58,6 @@ def usable_needed(min_fit_fraction: float, asked: int) -> int:
     """The usable updates a round needs: ceil(min_fit_fraction x asked), at least 1 (a product
     that float arithmetic puts just above an integer is that integer)."""
     return max(1, math.ceil(min_fit_fraction * asked - 1e-9))
-
-
-def first_failure(failures: Sequence) -> str:
-    """'; first failure: <why>' for an error message (a raised exception, or a reply whose
-    status is not OK), or '' without failures."""
-    if not failures:
-        return ""
-    failure = failures[0]
-    why = repr(failure) if isinstance(failure, BaseException) else str(failure[1].status.message)
-    return f"; first failure: {why}"
 
 
 class Update(NamedTuple):

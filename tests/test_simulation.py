@@ -162,8 +162,10 @@ def test_team_round_without_enough_devices_fails_instead_of_returning_a_stale_mo
     fed = federation_for(cfg)
     node = build_team_node(cfg, 0, tmp_path)
     _kill_device(node, fed.teams[0][1])
-    with pytest.raises(RuntimeError, match="no model aggregated from 2 results .0 rejected"):
+    with pytest.raises(RuntimeError, match="no model aggregated from 2 results .0 rejected") as raised:
         node.fit(initial_model(cfg, fed), {})
+    # the cause, not only a count: what the run's summary line shows when every device fails
+    assert f"first failure: ConnectionError('device {fed.teams[0][1]} is gone')" in str(raised.value)
 
 
 def test_diverging_devices_are_rejected_and_the_run_stops_loudly(small_cfg, tmp_path):
