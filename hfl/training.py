@@ -30,8 +30,9 @@ def to_tensors(arrays: Sequence[np.ndarray]) -> Params:
     """Copy NumPy arrays (e.g. from a Flower message) into float32 tensors. Inside
     ``converted_once``, the same ``arrays`` object gives the same tensors again."""
     memo = getattr(_CONVERTED, "memo", None)
-    if memo is not None and id(arrays) in memo and memo[id(arrays)][0] is arrays:
-        return list(memo[id(arrays)][1])
+    seen = memo.get(id(arrays)) if memo is not None else None
+    if seen is not None and seen[0] is arrays:
+        return list(seen[1])
     out = []
     for a in arrays:
         a = np.ascontiguousarray(a, dtype=np.float32)
@@ -49,11 +50,10 @@ _CONVERTED = threading.local()
 @contextmanager
 def converted_once(memo: dict | None = None) -> Iterator[None]:
     """Within it (in this thread), ``to_tensors`` converts each arrays object once (remembered in
-    ``memo``, which may be passed again to a later block): the devices a
-    node sends one model get the same tensors, which the batched path then sends to its device
-    once (``hfl.batched.stack``) instead of comparing and copying D models. The tensors are
-    shared, so whoever holds them must not change them in place (the batched path and
-    ``run_local_steps`` never do)."""
+    ``memo``, which may be passed again to a later block): the devices a node sends one model get
+    the same tensors, which the batched path then sends to its device once (``hfl.batched.stack``)
+    instead of comparing and copying D models. The tensors are shared, so whoever holds them must
+    not change them in place (the batched path and ``run_local_steps`` never do)."""
     outer = getattr(_CONVERTED, "memo", None)
     _CONVERTED.memo = {} if memo is None else memo
     try:

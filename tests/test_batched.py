@@ -131,6 +131,12 @@ def test_stack_sends_distinct_models_once_and_equals_a_plain_stack(kind):
         assert torch.equal(t, torch.stack([m[i] for m in models]))
     # one model alike: a broadcast view (stride 0 along devices), no copies
     assert (got[0].stride(0) == 0) == (kind == "one-model")
+    # what is sent to the device: each distinct model once, unless there are too many to check
+    distinct, which = batched_module._distinct([m[0] for m in models])
+    assert len(distinct) == {"one-model": 1, "two-teams": 2, "late-difference": 2, "all-own": len(models),
+                             "not-contiguous": 2}[kind]
+    if kind == "two-teams":
+        assert which == [0, 1, 0, 1, 0]
 
 
 def test_converted_once_gives_the_same_tensors_for_the_same_arrays_only_inside():
