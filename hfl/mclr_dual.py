@@ -8,7 +8,8 @@ throughout a phase the weight matrix is
 
 with ``W0``/``A0`` the phase's start and anchor, scalars ``u, v`` per device and coefficients
 ``M`` of shape ``[C, n]``. A step's logits then need ``X_b W^T = u X_b W0^T + v X_b A0^T + K_b M^T``
-with the Gram matrix ``K = X X^T`` (made once per device and kept), and its gradient is
+with the Gram matrix ``K = X X^T`` (made once per device and kept; the bias is the weight of a
+constant feature 1, so ``K`` holds ``X X^T + 1`` and the bias needs no steps of its own), and its gradient is
 ``M[:, batch] -= lr * g``: ``C * B * n`` multiply-adds per step instead of ``2 * C * B * F``. It
 pays when a device has fewer training samples than features (MNIST's 784 pixels, a few hundred
 images per device): ``dual_pays``. The weights are rebuilt once at the end of the phase.
@@ -25,13 +26,12 @@ from dataclasses import dataclass
 
 import torch
 
-from hfl.closed_forms import nll_targets, scaled_nll_grad
-
 
 @dataclass
 class DualData:
     """A group of devices' training inputs, zero-padded to ``[D, n, F]``, and their Gram
-    matrices ``[D, n, n]`` (padding rows and columns are zero: they never move a logit)."""
+    matrices ``X X^T + 1`` ``[D, n, n]`` (``device_gram``; padding rows and columns are zero:
+    they never move a logit)."""
 
     x: torch.Tensor
     gram: torch.Tensor
@@ -77,11 +77,12 @@ _GRAMS: dict[tuple[int, str], torch.Tensor] = {}
 
 
 def device_gram(x: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``X X^T`` of one device's training inputs (summed in float64), kept while ``x`` lives."""
+    """``X X^T + 1`` of one device's training inputs (summed in float64): the Gram matrix of its
+    rows with a constant feature 1 appended, the bias's. Kept while ``x`` lives."""
     key = (id(x), str(device))
     if key not in _GRAMS:
         wide = x.flatten(1).to(device, torch.float64)
-        _GRAMS[key] = (wide @ wide.T).to(x.dtype)
+        _GRAMS[key] = (wide @ wide.T + 1.0).to(x.dtype)
         weakref.finalize(x, _GRAMS.pop, key, None)
     return _GRAMS[key]
 
@@ -112,74 +113,84 @@ def run_dual_steps(data: DualData, theta: list[torch.Tensor], anchor: list[torch
     data; ``weight``: ``[steps, D, B]``, 0 on padding; ``y``: labels ``[steps, D, B]``), each with
     ``inner_steps`` steps of ``t <- t - lr*grad - lr_prox*(t - anchor)`` (no prox term without an
     anchor); with ``pull`` the anchor then moves ``a <- (1-pull) a + pull t``. Returns the final
-    ``[weight, bias]``, the moved anchor (with ``pull``) and each device's summed loss."""
+    ``[weight, bias]``, the moved anchor (with ``pull``) and each device's summed loss.
+
+    The bias is the weight of a constant feature 1 (the Gram matrices hold ``X X^T + 1``), so it
+    follows the coefficients: ``b = u * b0 + v * a0_bias + M.sum(-1)``, never stepped on its own."""
     steps, devices, batch = local.shape
-    w0, bias = theta
+    w0, b0 = theta
     n = data.rows
     gram = data.gram.reshape(devices * n, n)
-    flat = (local + torch.arange(devices, device=local.device).view(1, -1, 1) * n).reshape(steps, -1)
-    # Every step's logit offsets from W0 (and A0) at once: [steps, D, C, B].
-    base0 = _batch_logits(data.x, w0, local)
+    flat = (local + torch.arange(devices, device=local.device).view(1, -1, 1) * n).reshape(steps, -1).unbind(0)
+    scatter_at = local.unsqueeze(2).expand(-1, -1, w0.shape[1], -1).unbind(0)  # [D, C, B] a step
+    # Every step's logit offsets from the start (and the anchor) at once: [D, C, B] a step.
+    base0 = _batch_logits(data.x, w0, b0, local)
     one = torch.ones(devices, dtype=w0.dtype, device=w0.device)
     u, v = one, torch.zeros_like(one)
     coef = torch.zeros(devices, w0.shape[1], n, dtype=w0.dtype, device=w0.device)
+    start_anchor = False
     if anchor is not None:
-        a0, abias = anchor
+        a0, ab0 = anchor
         # PerMFL, FedProx...: the anchor is the start (one product, not two)
-        base_a = base0 if a0 is w0 or torch.equal(a0, w0) else _batch_logits(data.x, a0, local)
+        start_anchor = (a0 is w0 or torch.equal(a0, w0)) and (ab0 is b0 or torch.equal(ab0, b0))
+        base_a = base0 if start_anchor else _batch_logits(data.x, a0, ab0, local)
         ua, va, acoef = torch.zeros_like(one), one, torch.zeros_like(coef)
         keep = 1.0 - lr_prox
+        keep3 = keep.view(-1, 1, 1)
     # A fixed anchor that is the start: u <- keep*u and v <- keep*v + lr_prox keep u + v = 1, so
     # the logits' offset is base0 itself and u, v need no updates.
-    start_anchor = anchor is not None and pull is None and base_a is base0
-    targets = nll_targets(y, weight, w0.shape[1], lr)
-    if anchor is not None:  # the bias: b <- keep * b + lr_prox * anchor - lr * g
-        keep2, keep3, lrp2 = keep.view(-1, 1), keep.view(-1, 1, 1), lr_prox.view(-1, 1)
-        toward = lrp2 * abias
-    total = torch.zeros(devices, dtype=w0.dtype, device=w0.device)
+    fixed_start = start_anchor and pull is None
+    # lr * w * onehot(y) and -lr * w, so that one addcmul gives -lr * the gradient wrt the logits
+    onehot = torch.zeros(steps, devices, w0.shape[1], batch, dtype=w0.dtype, device=w0.device)
+    onehot.scatter_(2, y.unsqueeze(2), weight.to(w0.dtype).unsqueeze(2))  # w * onehot(y)
+    lr4 = lr.to(w0.dtype).view(1, -1, 1, 1)
+    lr_onehot = (onehot * lr4).unbind(0)
+    minus_lr_w = (weight.to(w0.dtype).unsqueeze(2) * -lr4).unbind(0)
+    onehot = onehot.unbind(0)
+    loss_terms = torch.zeros(devices, w0.shape[1], batch, dtype=w0.dtype, device=w0.device)  # sum of logp * w * onehot
+    k_buffer = torch.empty(devices * batch, n, dtype=gram.dtype, device=gram.device)
     for s in range(steps):
-        k_batch = gram.index_select(0, flat[s]).view(devices, batch, n).transpose(1, 2)  # [D, n, B]
-        scatter_at = local[s].unsqueeze(1).expand(-1, w0.shape[1], -1)  # [D, C, B]
-        for _ in range(inner_steps):
-            logits = torch.baddbmm(bias.unsqueeze(2), coef, k_batch)
-            if start_anchor:
-                logits = logits + base0[s]
+        # [D, n, B]; into one buffer: a fresh one a step cost more than the copy (measured)
+        k_batch = torch.index_select(gram, 0, flat[s], out=k_buffer).view(devices, batch, n).transpose(1, 2)
+        for inner in range(inner_steps):
+            if anchor is None or fixed_start:  # u = 1, v = 0 throughout
+                logits = torch.baddbmm(base0[s], coef, k_batch)
             else:
-                logits = torch.addcmul(logits, u.view(-1, 1, 1), base0[s])
+                logits = torch.baddbmm(torch.mul(base0[s], u.view(-1, 1, 1)), coef, k_batch)
                 if anchor is not None:
                     logits = torch.addcmul(logits, v.view(-1, 1, 1), base_a[s])
-            g, loss = scaled_nll_grad(logits, targets[s])  # lr * the gradient wrt the logits
-            if anchor is None:
-                bias = bias - g.sum(2)
-            else:
-                bias = torch.addcmul(toward - g.sum(2), keep2, bias)
-                if not start_anchor:
+            logp = torch.log_softmax(logits, dim=1)
+            if inner == inner_steps - 1:  # the loss of a minibatch's last inner step, as one by one
+                loss_terms.addcmul_(logp, onehot[s])
+            step = torch.addcmul(lr_onehot[s], logp.exp_(), minus_lr_w[s])  # -lr * gradient
+            if anchor is not None:
+                if not fixed_start:
                     u, v = _mix(keep, u, lr_prox, ua), _mix(keep, v, lr_prox, va)
-                coef = _mix(keep, coef, lr_prox, acoef) if pull is not None else keep3 * coef
-            coef = coef.scatter_add(2, scatter_at, g.neg_())
+                coef = _mix(keep, coef, lr_prox, acoef) if pull is not None else coef.mul_(keep3)
+            coef = coef.scatter_add_(2, scatter_at[s], step)
         if pull is not None:
             stay = 1.0 - pull
             ua, va, acoef = _mix(stay, ua, pull, u), _mix(stay, va, pull, v), _mix(stay, acoef, pull, coef)
-            abias = _mix(stay, abias, pull, bias)
-            toward = lrp2 * abias
-        total += loss
-    weight_out = _rebuild(data.x, w0, anchor[0] if anchor is not None and not start_anchor else None, u, v, coef)
-    moved = None
-    if pull is not None:
-        moved = [_rebuild(data.x, w0, anchor[0], ua, va, acoef), abias]
-    return [weight_out, bias], moved, total
+    out = _rebuild(data.x, w0, b0, a0 if anchor is not None and not fixed_start else None,
+                   ab0 if anchor is not None else None, u, v, coef)
+    moved = _rebuild(data.x, w0, b0, a0, ab0, ua, va, acoef) if pull is not None else None
+    return out, moved, loss_terms.sum((1, 2)).neg_()
 
 
-def _batch_logits(x: torch.Tensor, w: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-    """``W X^T`` for every device's rows (``[D, C, n]``: ``W @ X^T`` runs ~2x faster than
-    ``X @ W^T`` for few classes), gathered at every step's rows: ``[steps, D, C, B]``."""
+def _batch_logits(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, local: torch.Tensor) -> list[torch.Tensor]:
+    """``W X^T + b`` for every device's rows (``[D, C, n]``: ``W @ X^T`` runs ~2x faster than
+    ``X @ W^T`` for few classes), gathered at each step's rows: ``[D, C, B]`` a step."""
     steps, devices, batch = local.shape
-    all_rows = torch.bmm(w, x.transpose(1, 2))
+    all_rows = torch.baddbmm(b.unsqueeze(2), w, x.transpose(1, 2))
     at = local.permute(1, 0, 2).reshape(devices, 1, -1).expand(-1, w.shape[1], -1)
-    return all_rows.gather(2, at).view(devices, w.shape[1], steps, batch).permute(2, 0, 1, 3)
+    return all_rows.gather(2, at).view(devices, w.shape[1], steps, batch).permute(2, 0, 1, 3).unbind(0)
 
 
-def _rebuild(x: torch.Tensor, w0: torch.Tensor, a0: torch.Tensor | None, u: torch.Tensor, v: torch.Tensor,
-             coef: torch.Tensor) -> torch.Tensor:
-    out = torch.baddbmm(u.view(-1, 1, 1) * w0, coef, x)
-    return out if a0 is None else out + v.view(-1, 1, 1) * a0
+def _rebuild(x: torch.Tensor, w0: torch.Tensor, b0: torch.Tensor, a0: torch.Tensor | None, ab0: torch.Tensor | None,
+             u: torch.Tensor, v: torch.Tensor, coef: torch.Tensor) -> list[torch.Tensor]:
+    """``[u W0 + v A0 + M X, u b0 + v a0_bias + M 1]`` (without ``a0``: ``u W0 + M X``, ``u b0 + M 1``)."""
+    weight = torch.baddbmm(u.view(-1, 1, 1) * w0, coef, x)
+    bias = torch.addcmul(coef.sum(2), u.view(-1, 1), b0)
+    if a0 is None:
+        return [weight, bias]
+    return [torch.addcmul(weight, v.view(-1, 1, 1), a0), torch.addcmul(bias, v.view(-1, 1), ab0)]

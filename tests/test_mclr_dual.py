@@ -114,7 +114,7 @@ def test_dual_data_is_the_padded_inputs_and_their_gram_matrices():
     assert torch.count_nonzero(data.x[1, 2:]) == 0  # padding
     for d, n in enumerate([4, 2]):
         rows = data.x[d, :n]
-        torch.testing.assert_close(data.gram[d, :n, :n], rows @ rows.T)
+        torch.testing.assert_close(data.gram[d, :n, :n], rows @ rows.T + 1)  # the bias: a feature 1
     assert torch.count_nonzero(data.gram[1, 2:]) == 0 and torch.count_nonzero(data.gram[1, :, 2:]) == 0
 
 
