@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hfl.closed_forms import nll_targets
+
 
 @dataclass
 class DualData:
@@ -140,14 +142,9 @@ def run_dual_steps(data: DualData, theta: list[torch.Tensor], anchor: list[torch
     # A fixed anchor that is the start: u <- keep*u and v <- keep*v + lr_prox keep u + v = 1, so
     # the logits' offset is base0 itself and u, v need no updates.
     fixed_start = start_anchor and pull is None
-    # lr * w * onehot(y) and -lr * w, so that one addcmul gives -lr * the gradient wrt the logits
-    onehot = torch.zeros(steps, devices, w0.shape[1], batch, dtype=w0.dtype, device=w0.device)
-    onehot.scatter_(2, y.unsqueeze(2), weight.to(w0.dtype).unsqueeze(2))  # w * onehot(y)
-    lr4 = lr.to(w0.dtype).view(1, -1, 1, 1)
-    lr_onehot = (onehot * lr4).unbind(0)
-    minus_lr_w = (weight.to(w0.dtype).unsqueeze(2) * -lr4).unbind(0)
-    onehot = onehot.unbind(0)
-    loss_terms = torch.zeros(devices, w0.shape[1], batch, dtype=w0.dtype, device=w0.device)  # sum of logp * w * onehot
+    targets = nll_targets(y, weight, w0.shape[1], lr)
+    # the summed loss's terms, logp * -w * onehot(y), reduced once at the end
+    loss_terms = torch.zeros(devices, w0.shape[1], batch, dtype=w0.dtype, device=w0.device)
     k_buffer = torch.empty(devices * batch, n, dtype=gram.dtype, device=gram.device)
     for s in range(steps):
         # [D, n, B]; into one buffer: a fresh one a step cost more than the copy (measured)
@@ -157,24 +154,24 @@ def run_dual_steps(data: DualData, theta: list[torch.Tensor], anchor: list[torch
                 logits = torch.baddbmm(base0[s], coef, k_batch)
             else:
                 logits = torch.baddbmm(torch.mul(base0[s], u.view(-1, 1, 1)), coef, k_batch)
-                if anchor is not None:
-                    logits = torch.addcmul(logits, v.view(-1, 1, 1), base_a[s])
+                logits = torch.addcmul(logits, v.view(-1, 1, 1), base_a[s])
             logp = torch.log_softmax(logits, dim=1)
+            target = targets[s]
             if inner == inner_steps - 1:  # the loss of a minibatch's last inner step, as one by one
-                loss_terms.addcmul_(logp, onehot[s])
-            step = torch.addcmul(lr_onehot[s], logp.exp_(), minus_lr_w[s])  # -lr * gradient
+                loss_terms.addcmul_(logp, target.neg)
+            grad = torch.addcmul(target.lr_neg, logp.exp_(), target.lr_weight)  # lr * the gradient wrt the logits
             if anchor is not None:
                 if not fixed_start:
                     u, v = _mix(keep, u, lr_prox, ua), _mix(keep, v, lr_prox, va)
                 coef = _mix(keep, coef, lr_prox, acoef) if pull is not None else coef.mul_(keep3)
-            coef = coef.scatter_add_(2, scatter_at[s], step)
+            coef.scatter_add_(2, scatter_at[s], grad.neg_())
         if pull is not None:
             stay = 1.0 - pull
             ua, va, acoef = _mix(stay, ua, pull, u), _mix(stay, va, pull, v), _mix(stay, acoef, pull, coef)
     out = _rebuild(data.x, w0, b0, a0 if anchor is not None and not fixed_start else None,
                    ab0 if anchor is not None else None, u, v, coef)
     moved = _rebuild(data.x, w0, b0, a0, ab0, ua, va, acoef) if pull is not None else None
-    return out, moved, loss_terms.sum((1, 2)).neg_()
+    return out, moved, loss_terms.sum((1, 2))
 
 
 def _batch_logits(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, local: torch.Tensor) -> list[torch.Tensor]:
