@@ -1,5 +1,5 @@
 """The arithmetic floor of the PerMFL MNIST MCLR preset's global round on this CPU: FLOPs of the
-batched dual-form path (hfl.mclr_dual, with hfl.mclr_dual.size_buckets' padding) counted from the
+batched dual-form path (hfl.mclr_dual, with hfl.mclr_dual.dual_buckets' padding) counted from the
 preset's device sizes, and this core's rate on those products (single-thread ``torch.bmm`` on the
 shapes of the preset's costliest bucket), against a 1024² SGEMM. Prints the seconds the arithmetic
 alone would take, to set against ``benchmarks/speed.py``'s measured seconds per round.
@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from speed import MNIST_ROOT, config  # noqa: E402 - benchmarks/ is no package
 
-from hfl.mclr_dual import size_buckets  # noqa: E402
+from hfl.mclr_dual import dual_buckets  # noqa: E402
 from hfl.node import federation_for  # noqa: E402
 
 
@@ -46,7 +46,7 @@ def main() -> int:
     costliest = (0, 0, 0)  # the bucket with the most step arithmetic: its shapes are timed
     for team in fed.teams:
         sizes = [len(fed.devices[d].y_train) for d in team]
-        for bucket in size_buckets(sizes):
+        for bucket in dual_buckets(sizes, batch, steps):
             n, devices = max(sizes[i] for i in bucket), len(bucket)
             costliest = max(costliest, (devices * n * n, n, devices))
             step_flops += 2 * k * steps * devices * classes * min(batch, n) * n  # [D,C,n] @ [D,n,B]

@@ -57,6 +57,9 @@ CONF = REPO / "conf"
 PAPER = Path(__file__).resolve().parent / "table1_paper.yaml"
 MNIST_ROOT = REPO.parent / "shared" / "data"
 
+# How a run computes, not what (the same models whatever it is): set by --jobs, ignored when a
+# finished run is compared with the job it would be.
+GROUP_THREADS = "runtime.batched_threads="
 SETTINGS = ("synthetic_mclr", "synthetic_dnn", "mnist_mclr", "mnist_cnn")
 DEFAULT_SETTINGS = ("synthetic_mclr", "synthetic_dnn", "mnist_mclr")  # mnist_cnn: minutes per round on CPU
 # Table 1's algorithms, in the table's order (h-SGD = hierfavg); pFedBayes is in its MCLR half only.
@@ -83,6 +86,11 @@ class Job:
     wall: float | None = None      # seconds of this process
     summary: dict | None = None
     error: str = ""
+
+
+def computes(overrides: list[str]) -> list[str]:
+    """The overrides that decide what a run computes, sorted (``GROUP_THREADS`` left out)."""
+    return sorted(o for o in overrides if not o.startswith(GROUP_THREADS))
 
 
 def hydra_value(value: str) -> str:
@@ -216,7 +224,7 @@ def is_complete(job: Job) -> bool:
     recorded = job.run_dir / ".hydra" / "overrides.yaml"
     if recorded.exists():
         try:
-            if sorted(yaml.safe_load(recorded.read_text()) or []) != sorted(job.overrides):
+            if computes(yaml.safe_load(recorded.read_text()) or []) != computes(job.overrides):
                 return False
         except yaml.YAMLError:
             return False
@@ -293,6 +301,9 @@ def run_all(jobs: list[Job], workers: int) -> None:
             finished += 1
             print(f"[{finished}/{len(todo)}] {describe(job)}", flush=True)
 
+    if workers > 1:  # the parallel runs fill the cores: each steps one size group at a time
+        for job in todo:
+            job.command = [*job.command, f"{GROUP_THREADS}1"]
     with ThreadPoolExecutor(max_workers=workers) as pool:
         list(pool.map(one, todo))
 

@@ -23,6 +23,7 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.strategy import Strategy
 
 from hfl import schema
+from hfl.batched import set_group_threads
 from hfl.config import load_module, validate
 from hfl.errors import ConfigError
 from hfl.faults import Dropout, dropout_fractions
@@ -85,6 +86,7 @@ def rounds_left(cfg: Mapping, start: Checkpoint | None) -> int:
 
 def team_client(cfg: Mapping, context: Context) -> Client:
     torch.set_num_threads(int(cfg["runtime"]["torch_threads"]))
+    set_group_threads(int(cfg["runtime"].get("batched_threads", 1)))
     team_id = int(context.node_config["partition-id"])
     node = build_team_node(cfg, team_id, cfg["runtime"]["state_dir"])
     freeze_long_lived_objects()

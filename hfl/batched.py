@@ -29,9 +29,11 @@ the host once per phase.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -54,7 +56,7 @@ from hfl.closed_forms import SCALED_STEPS, NLLTargets, closed_form, mclr_batched
 from hfl.device import DeviceRuntime
 from hfl.inprocess import call_fit
 from hfl.lockstep import current_submit
-from hfl.mclr_dual import DualData, dual_pays, make_dual_data, run_dual_steps, size_buckets
+from hfl.mclr_dual import DualData, dual_buckets, dual_pays, make_dual_data, run_dual_steps, size_buckets
 from hfl.models import MCLR
 from hfl.payload import LocalParameters
 from hfl.training import LocalTrainer, Params, converted_once, run_local_steps
@@ -219,9 +221,18 @@ def _drop(key: tuple, out: object) -> None:
         _KEPT_BYTES[0] -= entry[2]
 
 
+_KEPT_LOCK = threading.Lock()  # a phase's size groups may ask from several threads (set_group_threads)
+
+
 def kept(kind: str, parts: Sequence[torch.Tensor], device: torch.device, make: Callable[[], T],
          nbytes: Callable[[T], int]) -> T:
     """``make()``, made once for the same ``kind``, ``parts`` (the same tensor objects) and device."""
+    with _KEPT_LOCK:
+        return _kept(kind, parts, device, make, nbytes)
+
+
+def _kept(kind: str, parts: Sequence[torch.Tensor], device: torch.device, make: Callable[[], T],
+          nbytes: Callable[[T], int]) -> T:
     key = (kind, str(device), *map(id, parts))
     hit = _KEPT.get(key)
     if hit is not None and all(ref() is part for ref, part in zip(hit[0], parts, strict=True)):
@@ -389,29 +400,72 @@ def _distinct(tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list
     return distinct, which
 
 
-def phase_buckets(data: ConcatenatedData, devices: Sequence[DeviceRuntime], loss_and_grad: Callable) -> list[list[int]]:
-    """Positions of ``devices`` to step together (``size_buckets``): every device of a group is
-    padded to its largest, in the dual form to the largest training set, else to the widest
-    minibatch (``batch_width``; on the CPU only: a GPU step costs about the same at any width)."""
+def phase_buckets(data: ConcatenatedData, devices: Sequence[DeviceRuntime], loss_and_grad: Callable,
+                  steps: int) -> list[list[int]]:
+    """Positions of ``devices`` to step together for a phase of ``steps`` (inner steps counted):
+    every device of a group is padded to its largest, in the dual form to the largest training set
+    (``dual_buckets``), else to the widest minibatch (``size_buckets`` of ``batch_width``; on the
+    CPU only: a GPU step costs about the same at any width)."""
     sizes = [data.size[d.device_id] for d in devices]
     if loss_and_grad is mclr_batched_loss_and_grad and dual_pays(sizes, data.x[0].numel()):
-        return size_buckets(sizes)
+        return dual_buckets(sizes, max(d.sampler.batch_size for d in devices), steps)
     if data.device.type == "cpu":
         return size_buckets([batch_width([d]) for d in devices])
     return [list(range(len(devices)))]
 
 
+# Threads stepping a phase's size groups at once on the CPU (runtime.batched_threads; 1: one
+# after the other). Each group's operations run on torch's own threads (runtime.torch_threads),
+# so 2 and 1 fill two cores; the models do not depend on it (the groups share nothing).
+# Threads stepping a phase's size groups at once on the CPU (runtime.batched_threads; 1: one
+# after the other). Each group's operations run on torch's own threads (runtime.torch_threads):
+# 2 and 1 fill two cores. The models do not depend on it: the groups share nothing.
+class _GroupThreads:
+    count = 1
+    pool: ThreadPoolExecutor | None = None
+
+
+def set_group_threads(threads: int) -> None:
+    """How many of a phase's size groups step at once (``runtime.batched_threads``)."""
+    if int(threads) < 1:
+        raise ValueError(f"runtime.batched_threads must be at least 1, got {threads}")
+    if int(threads) != _GroupThreads.count:
+        if _GroupThreads.pool is not None:
+            _GroupThreads.pool.shutdown(wait=False)
+        _GroupThreads.count, _GroupThreads.pool = int(threads), None
+
+
+def _group_pool() -> ThreadPoolExecutor | None:
+    if _GroupThreads.count == 1:
+        return None
+    if _GroupThreads.pool is None:
+        _GroupThreads.pool = ThreadPoolExecutor(_GroupThreads.count, thread_name_prefix="hfl-group")
+    return _GroupThreads.pool
+
+
 def run_phase(data: ConcatenatedData, devices: Sequence[DeviceRuntime],
               phases: Sequence[Phase], loss_and_grad: Callable) -> tuple[list[Params], list[float]]:
     """One phase of every device's plan, stepped together in groups of similar sizes
-    (``phase_buckets``); returns each device's model and mean loss."""
-    buckets = phase_buckets(data, devices, loss_and_grad)
+    (``phase_buckets``), on the CPU several groups at once (``set_group_threads``); returns
+    each device's model and mean loss."""
+    buckets = phase_buckets(data, devices, loss_and_grad, phases[0].steps * phases[0].inner_steps)
     if len(buckets) == 1:
         return _step_together(data, devices, phases, loss_and_grad)
+
+    def step(members: list[int]) -> tuple[list[Params], list[float]]:
+        return _step_together(data, [devices[i] for i in members], [phases[i] for i in members], loss_and_grad)
+
+    pool = _group_pool() if data.device.type == "cpu" else None
+    if pool is None:
+        results = [step(members) for members in buckets]
+    else:  # the largest groups first, so that the last to start are short
+        order = sorted(range(len(buckets)), key=lambda b: -len(buckets[b]) * max(
+            data.size[devices[i].device_id] for i in buckets[b]))
+        futures = {b: pool.submit(step, buckets[b]) for b in order}
+        results = [futures[b].result() for b in range(len(buckets))]
     models: list[Params | None] = [None] * len(devices)
     losses: list[float] = [0.0] * len(devices)
-    for members in buckets:
-        got = _step_together(data, [devices[i] for i in members], [phases[i] for i in members], loss_and_grad)
+    for members, got in zip(buckets, results, strict=True):
         for i, model, loss in zip(members, *got, strict=True):
             models[i], losses[i] = model, loss
     return models, losses  # type: ignore[return-value]

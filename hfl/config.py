@@ -162,6 +162,8 @@ def validate(cfg: Mapping) -> None:
         raise ConfigError("algorithm.name", f"{alg.get('name')!r} keeps node state across calls, which the "
                                             "deployment's team runs do not carry yet; run it in simulation")
     _number(cfg, "runtime.torch_threads", minimum=1, integer=True)
+    if "batched_threads" in runtime:  # simulation and inprocess (a deployment never batches)
+        _number(cfg, "runtime.batched_threads", minimum=1, integer=True)
     for key in ("dropout", "dropout_nodes"):  # simulated faults (hfl.faults)
         if key in runtime:
             check_number(f"runtime.{key}", runtime[key], minimum=0, maximum=1, open_max=True)

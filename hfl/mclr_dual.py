@@ -20,10 +20,12 @@ agree to rounding (tests/test_mclr_dual.py). The Gram matrix is summed in float6
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from hfl.closed_forms import nll_targets
@@ -49,16 +51,61 @@ def dual_pays(sizes: list[int], num_features: int) -> bool:
     return max(sizes) < num_features
 
 
-# A dual step's fixed cost (its ~30 small ops) in padded Gram rows of work: measured on this
-# CPU, a phase of 10 MNIST devices padded to 629 rows (6,290) took 24.9 ms, split 8 + 2 (3,858)
-# 14.7 ms, one padded to 306 (3,060) 13.5 ms.
+# A primal step's fixed cost in padded rows of work, for size_buckets (measured for the dual
+# form, where it was first used: a phase of 10 MNIST devices padded to 629 rows took 24.9 ms,
+# split 8 + 2 (3,858 rows) 14.7 ms, one padded to 306 (3,060) 13.5 ms).
 BUCKET_OVERHEAD_ROWS = 1024
+
+
+# What a dual-form phase of D devices padded to n training rows costs, minibatches W wide, S
+# steps: S * (a*D*n*W + b*D*W + d) + c*D*n. In nanoseconds, fitted (least squares on relative
+# error, within 8 % over 14 shapes) to single-thread run_dual_steps timings on this repository's
+# 2-core CPU: .venv/bin/python benchmarks/dual_bucket_cost.py
+COST_PER_GRAM_ENTRY = 0.385   # a: a step's product with (and gather of) the Gram rows
+COST_PER_SAMPLE = 35.2        # b: a step's softmax, gradient and loss per minibatch sample
+COST_PER_ROW = 1614.0         # c: a phase's set-up per padded row (W0 X^T, rebuilding M X)
+COST_PER_STEP = 23_700.0      # d: a step's fixed cost (its ~10 tensor operations), per group
+
+
+def phase_cost(devices: int | np.ndarray, rows: float, width: float, steps: int) -> float | np.ndarray:
+    """The modelled nanoseconds of one group's dual-form phase (``COST_PER_*``)."""
+    return (steps * (COST_PER_GRAM_ENTRY * devices * rows * width + COST_PER_SAMPLE * devices * width + COST_PER_STEP)
+            + COST_PER_ROW * devices * rows)
+
+
+def dual_buckets(sizes: Sequence[int], batch_size: int, steps: int) -> list[list[int]]:
+    """Positions of ``sizes`` (training rows) grouped to step together in the dual form, each
+    group padded to its largest device (rows) and widest minibatch (``min(rows, batch_size)``):
+    the partition of the sorted sizes into runs with the least modelled cost (``phase_cost``),
+    found exactly by dynamic programming over the runs' ends."""
+    costs = (COST_PER_GRAM_ENTRY, COST_PER_SAMPLE, COST_PER_ROW, COST_PER_STEP)
+    return [list(group) for group in _dual_buckets(tuple(sizes), batch_size, steps, costs)]
+
+
+@functools.lru_cache(maxsize=256)  # a node asks for the same devices' split every phase
+def _dual_buckets(sizes: tuple[int, ...], batch_size: int, steps: int,
+                  costs: tuple[float, float, float, float]) -> tuple[tuple[int, ...], ...]:
+    """``costs``: the ``COST_PER_*`` constants ``phase_cost`` reads (part of the cache's key)."""
+    order = sorted(range(len(sizes)), key=lambda i: sizes[i])
+    rows = np.array([sizes[i] for i in order], dtype=np.float64)
+    best = np.zeros(len(rows) + 1)  # best[j]: the cheapest split of the j smallest
+    start = np.zeros(len(rows) + 1, dtype=np.int64)
+    for j in range(1, len(rows) + 1):  # the last run is rows i..j-1, for every i at once
+        total = best[:j] + phase_cost(j - np.arange(j), rows[j - 1], min(rows[j - 1], batch_size), steps)
+        start[j] = int(np.argmin(total))
+        best[j] = total[start[j]]
+    groups, end = [], len(rows)
+    while end:
+        groups.append(tuple(order[start[end]:end]))
+        end = int(start[end])
+    return tuple(reversed(groups))
 
 
 def size_buckets(sizes: Sequence[int]) -> list[list[int]]:
     """Positions of ``sizes`` grouped to step together: every device is padded to its group's
     largest, so one very large device makes the others pay for its rows. Sorted by size, a group
-    is split in two where that saves more padded rows than ``BUCKET_OVERHEAD_ROWS``, recursively."""
+    is split in two where that saves more padded rows than ``BUCKET_OVERHEAD_ROWS``, recursively.
+    (The primal step's groups by minibatch width; the dual form's are ``dual_buckets``.)"""
 
     def split(members: list[int]) -> list[list[int]]:
         n = [sizes[i] for i in members]

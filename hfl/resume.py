@@ -44,7 +44,7 @@ STATE_KEY = Path("checkpoints") / "state_key"
 # Keys that say how a run runs, not what it computes: they may differ when it is resumed.
 FREE_KEYS = ("resume", "hydra", "runtime.verbose", "runtime.torch_threads", "runtime.ray_tmp_dir",
              "runtime.ray_address", "runtime.num_cpus_per_team", "runtime.state_dir", "runtime.num_gpus_per_team",
-             "runtime.poll_interval",
+             "runtime.poll_interval", "runtime.batched_threads",  # groups share nothing (tests/test_batched.py)
              "dataset.lazy", "dataset.cache_mb")  # lazy devices are bit-identical to eager ones (tests/test_scale.py)
 # Keys added after runs began recording their config, with the value such a run had in effect:
 # a run recorded without one resumes with that value.

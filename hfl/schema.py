@@ -377,6 +377,7 @@ class SimulationRuntimeConfig(RuntimeConfig):
     # seconds between Flower's looks for messages (hfl.polling); null: Flower's 0.1
     poll_interval: Optional[float] = MISSING
     verbose: bool = MISSING
+    batched_threads: int = MISSING  # a phase's size groups stepped at once in a team actor (hfl.batched)
 
 
 @dataclass
@@ -384,6 +385,7 @@ class InProcessRuntimeConfig(RuntimeConfig):
     verbose: bool = MISSING
     # the root's children fit taking turns, their batched device steps merged (hfl.lockstep)
     batch_siblings: bool = MISSING
+    batched_threads: int = MISSING  # a phase's size groups stepped at once (hfl.batched)
 
 
 @dataclass

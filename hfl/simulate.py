@@ -48,6 +48,7 @@ def run_inprocess(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None) 
     import torch
 
     torch.set_num_threads(int(cfg["runtime"]["torch_threads"]))
+    batched.set_group_threads(int(cfg["runtime"].get("batched_threads", 1)))
     tree = federation_for(cfg).tree
     proxies = [
         InProcessClientProxy(f"{t:06d}", lambda t=t: build_team_node(cfg, t, cfg["runtime"]["state_dir"]).to_client())

@@ -5,6 +5,7 @@ for every algorithm that takes it (algorithm.batched: true)."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -271,7 +272,7 @@ def test_width_buckets_equal_per_device_plans(monkeypatch, model):
     sizes = [2, 3, 17, 30, 5]  # batch 8: widths 2, 3, 8, 8, 5
     data_ = ConcatenatedData([_device(i, n, 8, model=model) for i, n in enumerate(sizes)], torch.device("cpu"))
     devices = [_device(i, n, 8, model=model) for i, n in enumerate(sizes)]
-    assert batched_module.phase_buckets(data_, devices, batched_loss_and_grad(devices[0].trainer)) == [[0], [1], [4], [2, 3]]
+    assert batched_module.phase_buckets(data_, devices, batched_loss_and_grad(devices[0].trainer), 2) == [[0], [1], [4], [2, 3]]
     one = [_device(i, n, 8, model=model) for i, n in enumerate(sizes)]
     want = [run_plan(d, p) for d, p in zip(one, _plans(one), strict=True)]
     got = run_plans(devices, _plans(devices), ConcatenatedData(devices, torch.device("cpu")))
@@ -555,3 +556,50 @@ def test_auto_batches_where_it_pays():
     assert not batching_pays(CNN((1, 28, 28), 10), cpu)  # vmap'd convolutions: slower on the CPU
     assert not batching_pays(MLP((784,), 10), cpu)
     assert batching_pays(CNN((1, 28, 28), 10), gpu)
+
+
+@pytest.mark.parametrize("dim", [40, 6], ids=["dual", "primal"])
+def test_group_threads_step_groups_at_once_with_the_same_models(monkeypatch, dim):
+    """runtime.batched_threads=2: two of a phase's size groups step at the same time (a barrier
+    only two concurrent groups pass), and every model, loss and sampler equals one group at a
+    time, bit for bit, then the per-device path within float tolerance."""
+    monkeypatch.setattr(mclr_dual, "COST_PER_STEP", 0.0)  # free splits: every size its own group
+    monkeypatch.setattr(mclr_dual, "BUCKET_OVERHEAD_ROWS", 0)
+    sizes = [9, 30, 3, 17, 5]  # batch 8: widths 8, 8, 3, 8, 5 (the primal groups split by width)
+    real = batched_module._step_together
+    met = threading.Barrier(2, timeout=20)
+    threads, calls = set(), []
+
+    def together(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        threads.add(threading.get_ident())
+        calls.append(1)
+        if len(calls) <= 2:  # the first two groups
+            met.wait()  # raises BrokenBarrierError unless the other is stepping meanwhile
+        return real(*args, **kwargs)
+
+    results = []
+    for count in (1, 2):
+        batched_module.set_group_threads(count)
+        try:
+            if count == 2:
+                monkeypatch.setattr(batched_module, "_step_together", together)
+            torch.manual_seed(0)  # the same initial models
+            devices = [_device(i, n, 8, dim=dim) for i, n in enumerate(sizes)]
+            results.append((devices, run_plans(devices, _plans(devices), ConcatenatedData(devices, torch.device("cpu")))))
+        finally:
+            batched_module.set_group_threads(1)
+    assert len(threads) == 2 and not met.broken  # both threads stepped groups at once
+    (one_at_a_time, first), (at_once, second) = results
+    for (a_arrays, _, a_metrics), (b_arrays, _, b_metrics) in zip(first, second, strict=True):
+        assert all(np.array_equal(a, b) for a, b in zip(a_arrays, b_arrays, strict=True))
+        assert a_metrics["loss"] == b_metrics["loss"]
+    torch.manual_seed(0)
+    one = [_device(i, n, 8, dim=dim) for i, n in enumerate(sizes)]
+    want = [run_plan(d, p) for d, p in zip(one, _plans(one), strict=True)]
+    _assert_same_replies(second, want, one, at_once)
+    assert all(a.sampler.pos == b.sampler.pos for a, b in zip(one_at_a_time, at_once, strict=True))
+
+
+def test_group_threads_refuse_less_than_one():
+    with pytest.raises(ValueError, match="at least 1"):
+        batched_module.set_group_threads(0)

@@ -26,6 +26,7 @@ from tests.conftest import SMALL, compose_cfg
         ("algorithm.min_fit_fraction=1.5", "algorithm.min_fit_fraction"),
         ("algorithm.strategy=strategies.nope", "algorithm.strategy"),
         ("runtime.torch_threads=0", "runtime.torch_threads"),
+        ("runtime.batched_threads=0", "runtime.batched_threads"),
         ("topology.devices_per_team=0", "topology.devices_per_team"),
         ("dataset.train_fraction=1.5", "dataset.train_fraction"),
         ("model.name=resnet", "model.name"),

@@ -11,7 +11,7 @@ from hfl import batched as batched_module
 from hfl import mclr_dual
 from hfl.batched import ConcatenatedData, FitPlan, Phase, run_plan, run_plans
 from hfl.device import DeviceRuntime
-from hfl.mclr_dual import dual_pays, make_dual_data, size_buckets
+from hfl.mclr_dual import dual_buckets, dual_pays, make_dual_data, phase_cost, size_buckets
 from hfl.models import MCLR
 from hfl.simulate import run
 from hfl.training import BatchSampler, LocalTrainer
@@ -63,7 +63,7 @@ def _pulled_plans(devices: list[DeviceRuntime]) -> list[FitPlan]:  # pFedMe's lo
 @pytest.mark.parametrize("make_plans", [_prox_plans, _pulled_plans], ids=["prox-mixed", "inner-steps-pull"])
 def test_dual_steps_equal_the_per_device_path(monkeypatch, make_plans, bucketed):
     if bucketed:  # free splits: sizes 4 | 9 | 12 | 17, each device its own group
-        monkeypatch.setattr(mclr_dual, "BUCKET_OVERHEAD_ROWS", 0)
+        monkeypatch.setattr(mclr_dual, "COST_PER_STEP", 0.0)
     one, many = _devices(), _devices()
     want_plans, got_plans = make_plans(one), make_plans(many)
     want = [run_plan(d, p) for d, p in zip(one, want_plans, strict=True)]
@@ -163,3 +163,47 @@ def test_size_buckets_split_where_padding_costs_more_than_a_group():
     assert size_buckets([22, 46, 75, 109, 187, 250, 274, 278, 279, 306]) == [list(range(10))]  # even enough
     assert size_buckets([5]) == [[0]]
     assert size_buckets([10, 3000, 12, 2900]) == [[0, 2], [3, 1]]  # 2*12 + 2*3000 + 1,024 < 4*3000
+
+
+def test_dual_buckets_take_the_cheapest_runs_by_hand(monkeypatch):
+    # cost = steps * (D * n * W + 100) with W = min(n, batch 1,000) = n: sizes 10, 10, 20 as one
+    # group 3 * 400 + 100 = 1,300; 10, 10 | 20: (200 + 100) + (400 + 100) = 800; each alone 900
+    for name, value in [("COST_PER_GRAM_ENTRY", 1.0), ("COST_PER_SAMPLE", 0.0), ("COST_PER_ROW", 0.0),
+                        ("COST_PER_STEP", 100.0)]:
+        monkeypatch.setattr(mclr_dual, name, value)
+    assert dual_buckets([20, 10, 10], batch_size=1000, steps=1) == [[1, 2], [0]]
+    assert phase_cost(2, 10, 10, 1) + phase_cost(1, 20, 20, 1) == 800
+    # a fixed cost of 1,000 a group: one group (1,300 + 900) beats two (800 + 1,800)
+    monkeypatch.setattr(mclr_dual, "COST_PER_STEP", 1000.0)
+    assert dual_buckets([20, 10, 10], batch_size=1000, steps=1) == [[1, 2, 0]]
+    # minibatches of 4: the width is min(rows, 4), and the set-up per padded row counts too
+    monkeypatch.setattr(mclr_dual, "COST_PER_ROW", 3.0)
+    assert phase_cost(2, 10, 4, 5) == 5 * (2 * 10 * 4 + 1000) + 3 * 2 * 10
+
+
+def _partitions(n: int):
+    """Every split of range(n) into consecutive runs."""
+    if n == 0:
+        yield []
+        return
+    for first in range(1, n + 1):
+        for rest in _partitions(n - first):
+            yield [list(range(first))] + [[first + i for i in run] for run in rest]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dual_buckets_are_the_cheapest_split_of_the_sorted_sizes(seed):
+    """Against every split into runs of the sorted sizes (brute force), with the measured costs."""
+    rng = np.random.default_rng(seed)
+    sizes = [int(n) for n in rng.integers(5, 700, size=int(rng.integers(1, 9)))]
+    batch, steps = int(rng.choice([16, 124])), int(rng.choice([2, 20]))
+    order = sorted(range(len(sizes)), key=lambda i: sizes[i])
+
+    def cost(groups):
+        return sum(phase_cost(len(g), max(sizes[i] for i in g), min(max(sizes[i] for i in g), batch), steps)
+                   for g in groups)
+
+    best = min(cost([[order[i] for i in run] for run in split]) for split in _partitions(len(sizes)))
+    got = dual_buckets(sizes, batch, steps)
+    assert sorted(i for g in got for i in g) == list(range(len(sizes)))
+    assert cost(got) == pytest.approx(best, rel=1e-12)

@@ -73,3 +73,17 @@ def test_a_failed_runs_reason_reaches_the_device_failure_nested_in_it(runner, tm
     log = tmp_path / "run.log"
     log.write_text(f"round 1 starting\n{line}\nshutting down\n")
     assert cause in runner.last_error(log)
+
+
+def test_parallel_runs_step_one_group_at_a_time_and_still_resume(runner, tmp_path):
+    """--jobs 2: each run gets runtime.batched_threads=1 (two runs fill two cores), and a finished
+    run recorded with it is the same job as one without (is_complete; it decides nothing computed)."""
+    jobs = [job(runner, tmp_path / str(i), SMALL) for i in range(2)]
+    runner.run_all(jobs, workers=2)
+    assert [j.status for j in jobs] == ["ok", "ok"], [j.error for j in jobs]
+    for j in jobs:
+        assert j.command[-1] == "runtime.batched_threads=1"
+        recorded = (j.run_dir / ".hydra" / "overrides.yaml").read_text()
+        assert "runtime.batched_threads=1" in recorded
+        assert runner.is_complete(job(runner, j.run_dir.parent, SMALL))  # the same overrides otherwise
+        assert not runner.is_complete(job(runner, j.run_dir.parent, [*SMALL, "seed=4"]))
