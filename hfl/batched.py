@@ -415,9 +415,6 @@ def phase_buckets(data: ConcatenatedData, devices: Sequence[DeviceRuntime], loss
 
 
 # Threads stepping a phase's size groups at once on the CPU (runtime.batched_threads; 1: one
-# after the other). Each group's operations run on torch's own threads (runtime.torch_threads),
-# so 2 and 1 fill two cores; the models do not depend on it (the groups share nothing).
-# Threads stepping a phase's size groups at once on the CPU (runtime.batched_threads; 1: one
 # after the other). Each group's operations run on torch's own threads (runtime.torch_threads):
 # 2 and 1 fill two cores. The models do not depend on it: the groups share nothing.
 class _GroupThreads:
