@@ -12,11 +12,9 @@ in hfl.mclr_dual, each shape's measured and modelled times, and the preset's gro
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import numpy as np
 import torch
+from timing import median_seconds  # benchmarks/timing.py, beside this script
 
 from hfl import mclr_dual
 
@@ -44,13 +42,7 @@ def phase_seconds(devices: int, rows: int, width: int, repeats: int = 7) -> floa
     def phase() -> None:
         mclr_dual.run_dual_steps(data, theta, theta, local, weight, labels, lr, lr_prox, None, 1)
 
-    phase()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        phase()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_seconds(phase, repeats)
 
 
 def main() -> int:

@@ -9,9 +9,7 @@ alone would take, to set against ``benchmarks/speed.py``'s measured seconds per 
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from speed import MNIST_ROOT, config  # noqa: E402 - benchmarks/ is no package
+from timing import median_seconds  # noqa: E402
 
 from hfl.mclr_dual import dual_buckets  # noqa: E402
 from hfl.node import federation_for  # noqa: E402
@@ -26,14 +25,7 @@ from hfl.node import federation_for  # noqa: E402
 
 def gflop_per_second(flops: float, fn: Callable[[], object], repeats: int = 30) -> float:
     """Median rate of ``fn`` over ``repeats`` calls (after a warm-up)."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return flops / statistics.median(times) / 1e9
+    return flops / median_seconds(fn, repeats, warmup=3) / 1e9
 
 
 def main() -> int:
