@@ -424,12 +424,12 @@ class _GroupThreads:
 
 def set_group_threads(threads: int) -> None:
     """How many of a phase's size groups step at once (``runtime.batched_threads``)."""
-    if int(threads) < 1:
+    if threads < 1:
         raise ValueError(f"runtime.batched_threads must be at least 1, got {threads}")
-    if int(threads) != _GroupThreads.count:
+    if threads != _GroupThreads.count:
         if _GroupThreads.pool is not None:
             _GroupThreads.pool.shutdown(wait=False)
-        _GroupThreads.count, _GroupThreads.pool = int(threads), None
+        _GroupThreads.count, _GroupThreads.pool = threads, None
 
 
 def _group_pool() -> ThreadPoolExecutor | None:
