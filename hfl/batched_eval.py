@@ -17,6 +17,7 @@ from hfl.batched import DeviceClientLike, concatenated, stack
 from hfl.aggregate import nbytes
 from hfl.device import DeviceRuntime
 from hfl.inprocess import evaluate_child
+from hfl.mclr_dual import size_buckets
 from hfl.grouped_cnn import cnn_batched_log_probs
 from hfl.models import CNN, MCLR
 from hfl.training import LocalTrainer, Params, to_tensors
@@ -48,8 +49,8 @@ def evaluate_models(trainer: LocalTrainer, models: Sequence[Params], xs: Sequenc
     """Each model on its own test set, many at once: per model the summed NLL, the number correct
     and the number of samples, as ``LocalTrainer.evaluate`` gives them. One model for all (a
     server's model sent to every device): one pass over the concatenated test sets, summed per
-    device. Distinct models: devices sorted by test size and stacked in chunks, each padded to its
-    longest set (sorting keeps the padding small), the padding masked."""
+    device. Distinct models: devices sorted by test size and stacked in chunks (``_chunks``), each
+    padded to its longest set, the padding masked."""
     log_probs = batched_log_probs(trainer)
     sizes = [len(y) for y in ys]
     row = max((x[0].numel() for x in xs if len(x)), default=1)
@@ -68,17 +69,11 @@ def evaluate_models(trainer: LocalTrainer, models: Sequence[Params], xs: Sequenc
     if sum(sizes) == 0:
         return [(0.0, 0, 0)] * len(models)
     out: dict[int, tuple[float, int, int]] = {}
-    order = sorted(range(len(models)), key=lambda m: sizes[m])
     # Each chunk's padded sets are gathered from the concatenated ones (kept across messages,
     # hfl.batched.kept) with one index a chunk, not copied set by set.
     x_all, y_all = concatenated(xs, device), concatenated(ys, device)
     starts = np.cumsum([0, *sizes[:-1]])
-    start = 0
-    while start < len(order):
-        end = start + 1  # sizes ascend: the chunk's last set is its longest
-        while end < len(order) and (end - start + 1) * max(sizes[order[end]], 1) * row <= max_elements:
-            end += 1
-        chunk = order[start:end]
+    for chunk in _chunks(sizes, row, max_elements, split=device.type == "cpu"):
         longest = max(sizes[chunk[-1]], 1)
         real = np.arange(longest) < np.array([sizes[m] for m in chunk])[:, None]  # [chunk, longest]
         rows = torch.from_numpy(np.where(real, starts[chunk][:, None] + np.arange(longest), 0).reshape(-1)).to(device)
@@ -90,8 +85,25 @@ def evaluate_models(trainer: LocalTrainer, models: Sequence[Params], xs: Sequenc
         correct = (hit & mask).sum(1).cpu().tolist()
         for i, m in enumerate(chunk):
             out[m] = (float(loss[i]), int(correct[i]), sizes[m])
-        start = end
     return [out[m] for m in range(len(models))]
+
+
+def _chunks(sizes: Sequence[int], row: int, max_elements: int, split: bool) -> list[list[int]]:
+    """Positions of the test sets to stack together, each chunk sorted by size (its last set the
+    longest, which the others are padded to): split where the padding costs more than a chunk
+    (``size_buckets``; one 6,000-row Synthetic set padded its 9 team mates' few hundred rows to
+    it; on the CPU: ``split``, a GPU pays for launches, not rows), and within ``max_elements``
+    padded inputs."""
+    chunks = []
+    for group in size_buckets(sizes) if split else [sorted(range(len(sizes)), key=lambda m: sizes[m])]:
+        start = 0
+        while start < len(group):
+            end = start + 1
+            while end < len(group) and (end - start + 1) * max(sizes[group[end]], 1) * row <= max_elements:
+                end += 1
+            chunks.append(group[start:end])
+            start = end
+    return chunks
 
 
 class BatchedEvaluate:

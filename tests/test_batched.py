@@ -176,6 +176,29 @@ def test_batched_evaluation_equals_each_devices_own(model, shared):
     assert evaluate_models(trainer, models[:2], [xs[1]] * 2, [ys[1]] * 2, torch.device("cpu")) == [(0.0, 0, 0)] * 2
 
 
+def test_a_long_test_set_is_not_the_padding_of_the_short_ones(monkeypatch):
+    from hfl import batched_eval
+
+    torch.manual_seed(2)
+    trainer = LocalTrainer(MCLR((6,), 3))
+    sizes = [40, 3000, 25, 60]  # Synthetic's heavy tail: one set far longer than its team mates'
+    xs = [torch.randn(n, 6) for n in sizes]
+    ys = [torch.randint(0, 3, (n,)) for n in sizes]
+    models = [[p + 0.3 * torch.randn_like(p) for p in trainer.initial_params()] for _ in sizes]
+    assert batched_eval._chunks(sizes, 6, 2**23, split=True) == [[2, 0, 3], [1]]
+    assert batched_eval._chunks(sizes, 6, 2**23, split=False) == [[2, 0, 3, 1]]  # a GPU: one chunk
+    padded = []
+    real = batched_eval.batched_log_probs(trainer)
+    monkeypatch.setattr(batched_eval, "batched_log_probs",
+                        lambda t: lambda params, x: padded.append(x.shape[0] * x.shape[1]) or real(params, x))
+    got = evaluate_models(trainer, models, xs, ys, torch.device("cpu"))
+    assert sum(padded) == 3 * 60 + 3000  # not 4 x 3000
+    for (loss, correct, n), m, x, y in zip(got, models, xs, ys, strict=True):
+        want_loss, want_correct, want_n = trainer.evaluate(m, x, y)
+        assert (correct, n) == (want_correct, want_n)
+        assert loss == pytest.approx(want_loss, rel=1e-5, abs=1e-5)
+
+
 def test_the_sent_model_is_converted_once_for_the_devices_that_test_it_as_sent(monkeypatch):
     from clients.fedavg import FedAvgClient
     from clients.pfedbayes import PFedBayesClient
