@@ -333,8 +333,12 @@ def minibatch(data: ConcatenatedData, index: torch.Tensor) -> tuple[torch.Tensor
 
 # A phase's inputs (and a closed form's NLL targets) are made for several steps at once, up to
 # this many bytes a block: one gather a block, not a step, and memory bounded however many
-# devices, steps and classes a phase has.
-GATHER_BYTES = 32 * 2**20
+# devices, steps and classes a phase has. On the CPU a block small enough to stay in cache for the
+# step's products that read it (this machine: 1 MiB L2, 32 MiB L3): 4 MiB against 32 took
+# Synthetic MCLR PerMFL from 0.334-0.353 to 0.301-0.315 s/round, alternating runs; on a GPU
+# fewer, larger gathers (launches).
+GATHER_BYTES = 4 * 2**20
+GATHER_BYTES_GPU = 32 * 2**20
 
 
 def phase_steps(data: ConcatenatedData, index: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor,
@@ -344,7 +348,8 @@ def phase_steps(data: ConcatenatedData, index: torch.Tensor, labels: torch.Tenso
     inputs ``[D, B, features]`` then, else ``[D, B, ...]`` and no targets."""
     steps = index.shape[0]
     step_bytes = index[0].numel() * (data.x[0].numel() + (2 * classes + 1 if classes else 0)) * data.x.element_size()
-    chunk = max(1, min(steps, GATHER_BYTES // max(step_bytes, 1)))
+    budget = GATHER_BYTES if data.device.type == "cpu" else GATHER_BYTES_GPU
+    chunk = max(1, min(steps, budget // max(step_bytes, 1)))
     trailing = (-1,) if classes else tuple(data.x.shape[1:])
     for first in range(0, steps, chunk):
         block = slice(first, first + chunk)
