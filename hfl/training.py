@@ -108,6 +108,8 @@ class BatchSampler:
         sampler ends where the ``steps`` calls leave it."""
         size = self.batch_size
         out = np.full(steps * size, -1, dtype=np.int64)
+        if self.num_samples <= size and steps and self.pos >= len(self._order):
+            return self._whole_epochs(out.reshape(steps, size))
         taken = 0
         while taken < steps:
             rest = self._epoch()
@@ -117,6 +119,18 @@ class BatchSampler:
             self.pos += calls * size
             taken += calls
         return out.reshape(steps, size)
+
+    def _whole_epochs(self, out: np.ndarray) -> np.ndarray:
+        """``take`` for a device no larger than its batch, whose every call is a whole new epoch
+        (``pos`` never stops inside one): each permutation drawn straight into its row of ``out``
+        (MNIST's smallest devices: a ``randperm`` a step, most of a phase's draws)."""
+        n = self.num_samples
+        drawn = torch.empty(len(out), n, dtype=torch.int64)
+        for row in drawn.unbind(0):  # views made in one call: indexing a tensor costs more than randperm
+            torch.randperm(n, generator=self.generator, out=row)
+        out[:, :n] = drawn.numpy()
+        self._order, self.pos = out[-1, :n].copy(), self.batch_size
+        return out
 
     def state(self) -> dict[str, np.ndarray]:
         return {

@@ -62,6 +62,21 @@ def test_sampler_take_is_next_called_steps_times():
     assert np.array_equal(c.take(7), a.take(7))
 
 
+@pytest.mark.parametrize("n", [1, 5, 8])
+def test_sampler_take_of_a_device_no_larger_than_its_batch_is_next_called_steps_times(n):
+    a, b = BatchSampler(n, 8, seed=4), BatchSampler(n, 8, seed=4)
+    for steps in (3, 1, 6):  # every call a whole new epoch (BatchSampler._whole_epochs)
+        got = a.take(steps)
+        want = [b.next() for _ in range(steps)]
+        assert got.shape == (steps, 8) and (got[:, n:] == -1).all()
+        assert [g[:n].tolist() for g in got] == [w.tolist() for w in want]
+        assert a.pos == b.pos and torch.equal(a.perm, b.perm)
+        assert torch.equal(a.generator.get_state(), b.generator.get_state())
+    c = BatchSampler(n, 8, seed=99)
+    c.restore(a.state())
+    assert np.array_equal(c.take(4), a.take(4))
+
+
 def _device(i: int, n: int, batch: int, dim: int = 6, classes: int = 3, model: torch.nn.Module | None = None) -> DeviceRuntime:
     g = torch.Generator().manual_seed(100 + i)
     x, y = torch.randn(n, dim, generator=g), torch.randint(0, classes, (n,), generator=g)
