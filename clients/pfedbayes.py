@@ -168,9 +168,8 @@ def _run_group(plans: Sequence[BayesPlan], data: Any, loss_and_grad: Callable) -
         for k in range(first.personal_steps):
             eps = [n[s, k] for n in noise]
             # fit's sample_weights, kl_grads and personal_step, each softplus / sigmoid taken
-            # once: the same expressions, so the same floats
-            # The same operations in the same order as fit's (so the same floats; + and * commute
-            # exactly), on temporaries updated in place: 8 allocations a tensor a step, not 18.
+            # once: the same operations in the same order, so the same floats (+ and * commute
+            # exactly), on temporaries updated in place (8 allocations a tensor a step, not 18)
             sig = [torch.sigmoid(r) for r in rho_q]
             sampled = [torch.mul(q, e).add_(m) for m, q, e in zip(mu_q, sq, eps, strict=True)]  # m + q * e
             if scaled is not None:
@@ -178,10 +177,12 @@ def _run_group(plans: Sequence[BayesPlan], data: Any, loss_and_grad: Callable) -
             else:
                 loss, grad_w = loss_and_grad(sampled, x, labels[s], weight[s])
             # zeta / n differs between devices: per-device factors on the KL gradients
-            kl_mu = [torch.sub(mq, mv).div_(p2).mul_(per(kl_weight, mq)) for mq, mv, p2 in zip(mu_q, mu_v, sp2, strict=True)]
+            kl_mu = [torch.sub(mq, mv).div_(p2).mul_(per(kl_weight, mq))  # (mq - mv) / p2, scaled
+                     for mq, mv, p2 in zip(mu_q, mu_v, sp2, strict=True)]
             kl_rho = [torch.div(q, p2).sub_(q.reciprocal()).mul_(g).mul_(per(kl_weight, q))  # (q / p2 - 1 / q) * g
                       for q, p2, g in zip(sq, sp2, sig, strict=True)]
-            mu_q = [torch.sub(m, kk.add_(g).mul_(plr)) for m, g, kk in zip(mu_q, grad_w, kl_mu, strict=True)]
+            mu_q = [torch.sub(m, kk.add_(g).mul_(plr))  # m - plr * (g + kk)
+                    for m, g, kk in zip(mu_q, grad_w, kl_mu, strict=True)]
             rho_q = [torch.sub(r, torch.mul(g, e).mul_(sg).add_(kk).mul_(plr))  # r - plr * (g * e * sg + kk)
                      for r, g, e, sg, kk in zip(rho_q, grad_w, eps, sig, kl_rho, strict=True)]
             sq = [softplus(r) for r in rho_q]
