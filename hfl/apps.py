@@ -16,14 +16,13 @@ from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
-import torch
 from flwr.client import Client, ClientApp
 from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.strategy import Strategy
 
 from hfl import schema
-from hfl.batched import set_group_threads
+from hfl.batched import use_runtime_threads
 from hfl.config import load_module, validate
 from hfl.errors import ConfigError
 from hfl.faults import Dropout, dropout_fractions
@@ -85,8 +84,7 @@ def rounds_left(cfg: Mapping, start: Checkpoint | None) -> int:
 
 
 def team_client(cfg: Mapping, context: Context) -> Client:
-    torch.set_num_threads(int(cfg["runtime"]["torch_threads"]))
-    set_group_threads(int(cfg["runtime"].get("batched_threads", 1)))
+    use_runtime_threads(cfg["runtime"])
     team_id = int(context.node_config["partition-id"])
     node = build_team_node(cfg, team_id, cfg["runtime"]["state_dir"])
     freeze_long_lived_objects()

@@ -437,6 +437,13 @@ def set_group_threads(threads: int) -> None:
         _GroupThreads.count, _GroupThreads.pool = threads, None
 
 
+def use_runtime_threads(runtime: Mapping) -> None:
+    """A simulation's threads (its team actor's, or the in-process run's): torch's
+    (``runtime.torch_threads``) and the size groups' (``runtime.batched_threads``, 1 if unset)."""
+    torch.set_num_threads(int(runtime["torch_threads"]))
+    set_group_threads(int(runtime.get("batched_threads", 1)))
+
+
 def _group_pool() -> ThreadPoolExecutor | None:
     if _GroupThreads.count == 1:
         return None

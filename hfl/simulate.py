@@ -45,10 +45,7 @@ def run_inprocess(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None) 
     """Flower's legacy server loop over team nodes in this process (no Ray): the same
     strategies and clients, used for tests and to measure the runtime's overhead. ``start``:
     go on after that checkpoint's round (hfl.resume)."""
-    import torch
-
-    torch.set_num_threads(int(cfg["runtime"]["torch_threads"]))
-    batched.set_group_threads(int(cfg["runtime"].get("batched_threads", 1)))
+    batched.use_runtime_threads(cfg["runtime"])
     tree = federation_for(cfg).tree
     proxies = [
         InProcessClientProxy(f"{t:06d}", lambda t=t: build_team_node(cfg, t, cfg["runtime"]["state_dir"]).to_client())

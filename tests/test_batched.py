@@ -641,3 +641,15 @@ def test_group_threads_step_groups_at_once_with_the_same_models(monkeypatch, dim
 def test_group_threads_refuse_less_than_one():
     with pytest.raises(ValueError, match="at least 1"):
         batched_module.set_group_threads(0)
+
+
+def test_a_runtime_sets_torch_threads_and_group_threads_together():
+    before = torch.get_num_threads()
+    try:
+        batched_module.use_runtime_threads({"torch_threads": 1, "batched_threads": 3})
+        assert (torch.get_num_threads(), batched_module._GroupThreads.count) == (1, 3)
+        batched_module.use_runtime_threads({"torch_threads": 1})  # a hand-written runtime without the key
+        assert batched_module._GroupThreads.count == 1
+    finally:
+        batched_module.set_group_threads(1)
+        torch.set_num_threads(before)
