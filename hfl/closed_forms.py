@@ -31,13 +31,18 @@ class NLLTargets(NamedTuple):
     lr_neg: torch.Tensor
 
 
-def nll_targets(y: torch.Tensor, w: torch.Tensor, classes: int, lr: torch.Tensor) -> list[NLLTargets]:
-    """``NLLTargets`` of every step of a block: labels and per-sample weights ``[steps, D, B]``
-    (weight 0 on padding), learning rates ``[D]``. Made once per phase, not per step."""
+def nll_target_block(y: torch.Tensor, w: torch.Tensor, classes: int, lr: torch.Tensor) -> NLLTargets:
+    """``NLLTargets`` of every step of a block at once, each field stacked ``[steps, ...]``: labels
+    and per-sample weights ``[steps, D, B]`` (weight 0 on padding), learning rates ``[D]``."""
     neg = torch.zeros(*y.shape[:-1], classes, y.shape[-1], dtype=w.dtype, device=w.device)
     neg.scatter_(-2, y.unsqueeze(-2), w.neg().unsqueeze(-2))
     lr = lr.to(w.dtype).view(1, -1, 1, 1)
-    return [NLLTargets(*t) for t in zip(neg.unbind(0), (w.unsqueeze(-2) * lr).unbind(0), (neg * lr).unbind(0),
+    return NLLTargets(neg, w.unsqueeze(-2) * lr, neg * lr)
+
+
+def nll_targets(y: torch.Tensor, w: torch.Tensor, classes: int, lr: torch.Tensor) -> list[NLLTargets]:
+    """``nll_target_block`` a step at a time. Made once per phase, not per step."""
+    return [NLLTargets(*t) for t in zip(*(field.unbind(0) for field in nll_target_block(y, w, classes, lr)),
                                         strict=True)]
 
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hfl.closed_forms import nll_targets
+from hfl.closed_forms import nll_target_block
+from hfl.scripted import scripted
 
 
 @dataclass
@@ -150,8 +151,51 @@ def make_dual_data(xs: Sequence[torch.Tensor], device: torch.device) -> DualData
 
 def _mix(keep: torch.Tensor, a: torch.Tensor, toward: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """keep * a + toward * b with per-device ``[D]`` factors."""
-    shape = (-1, *([1] * (a.dim() - 1)))
+    shape = [-1] + [1] * (a.dim() - 1)
     return keep.view(shape) * a + toward.view(shape) * b
+
+
+@scripted
+def _step_loop(gram: torch.Tensor, flat: torch.Tensor, scatter_at: torch.Tensor, base0: torch.Tensor,
+               base_a: torch.Tensor, neg: torch.Tensor, lr_weight: torch.Tensor, lr_neg: torch.Tensor,
+               coef: torch.Tensor, u: torch.Tensor, v: torch.Tensor, ua: torch.Tensor, va: torch.Tensor,
+               acoef: torch.Tensor, keep: torch.Tensor, lr_prox: torch.Tensor, pull: torch.Tensor, inner_steps: int,
+               anchored: bool, fixed_start: bool, pulled: bool,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``run_dual_steps``' steps, every per-step tensor stacked ``[steps, ...]``: the coefficients
+    ``M``, ``u, v``, the anchor's ``ua, va, Ma`` and the loss's terms (``logp * neg``, summed by
+    the caller). Unanchored: ``base_a, ua, va, acoef, keep, lr_prox`` unread; unpulled: ``pull``."""
+    steps, devices, classes, batch = scatter_at.shape
+    n = gram.shape[1]
+    keep3 = keep.view(-1, 1, 1)
+    # the summed loss's terms, logp * -w * onehot(y), reduced once at the end
+    loss_terms = torch.zeros(devices, classes, batch, dtype=coef.dtype, device=coef.device)
+    k_buffer = torch.empty(devices * batch, n, dtype=gram.dtype, device=gram.device)
+    for s in range(steps):
+        # [D, n, B]; into one buffer: a fresh one a step cost more than the copy (measured)
+        k_batch = torch.index_select(gram, 0, flat[s], out=k_buffer).view(devices, batch, n).transpose(1, 2)
+        for inner in range(inner_steps):
+            if not anchored or fixed_start:  # u = 1, v = 0 throughout
+                logits = torch.baddbmm(base0[s], coef, k_batch)
+            else:
+                logits = torch.baddbmm(torch.mul(base0[s], u.view(-1, 1, 1)), coef, k_batch)
+                logits = torch.addcmul(logits, v.view(-1, 1, 1), base_a[s])
+            logp = torch.log_softmax(logits, dim=1)
+            if inner == inner_steps - 1:  # the loss of a minibatch's last inner step, as one by one
+                loss_terms.addcmul_(logp, neg[s])
+            grad = torch.addcmul(lr_neg[s], logp.exp_(), lr_weight[s])  # lr * the gradient wrt the logits
+            if anchored:
+                if not fixed_start:
+                    u, v = _mix(keep, u, lr_prox, ua), _mix(keep, v, lr_prox, va)
+                if pulled:
+                    coef = _mix(keep, coef, lr_prox, acoef)
+                else:
+                    coef = coef.mul_(keep3)
+            coef.scatter_add_(2, scatter_at[s], grad.neg_())
+        if pulled:
+            stay = 1.0 - pull
+            ua, va, acoef = _mix(stay, ua, pull, u), _mix(stay, va, pull, v), _mix(stay, acoef, pull, coef)
+    return coef, u, v, ua, va, acoef, loss_terms
 
 
 def run_dual_steps(data: DualData, theta: list[torch.Tensor], anchor: list[torch.Tensor] | None,
@@ -170,8 +214,8 @@ def run_dual_steps(data: DualData, theta: list[torch.Tensor], anchor: list[torch
     w0, b0 = theta
     n = data.rows
     gram = data.gram.reshape(devices * n, n)
-    flat = (local + torch.arange(devices, device=local.device).view(1, -1, 1) * n).reshape(steps, -1).unbind(0)
-    scatter_at = local.unsqueeze(2).expand(-1, -1, w0.shape[1], -1).unbind(0)  # [D, C, B] a step
+    flat = (local + torch.arange(devices, device=local.device).view(1, -1, 1) * n).reshape(steps, -1)
+    scatter_at = local.unsqueeze(2).expand(-1, -1, w0.shape[1], -1)  # [D, C, B] a step
     # Every step's logit offsets from the start (and the anchor) at once: [D, C, B] a step.
     base0 = _batch_logits(data.x, w0, b0, local)
     one = torch.ones(devices, dtype=w0.dtype, device=w0.device)
@@ -185,49 +229,28 @@ def run_dual_steps(data: DualData, theta: list[torch.Tensor], anchor: list[torch
         base_a = base0 if start_anchor else _batch_logits(data.x, a0, ab0, local)
         ua, va, acoef = torch.zeros_like(one), one, torch.zeros_like(coef)
         keep = 1.0 - lr_prox
-        keep3 = keep.view(-1, 1, 1)
     # A fixed anchor that is the start: u <- keep*u and v <- keep*v + lr_prox keep u + v = 1, so
     # the logits' offset is base0 itself and u, v need no updates.
     fixed_start = start_anchor and pull is None
-    targets = nll_targets(y, weight, w0.shape[1], lr)
-    # the summed loss's terms, logp * -w * onehot(y), reduced once at the end
-    loss_terms = torch.zeros(devices, w0.shape[1], batch, dtype=w0.dtype, device=w0.device)
-    k_buffer = torch.empty(devices * batch, n, dtype=gram.dtype, device=gram.device)
-    for s in range(steps):
-        # [D, n, B]; into one buffer: a fresh one a step cost more than the copy (measured)
-        k_batch = torch.index_select(gram, 0, flat[s], out=k_buffer).view(devices, batch, n).transpose(1, 2)
-        for inner in range(inner_steps):
-            if anchor is None or fixed_start:  # u = 1, v = 0 throughout
-                logits = torch.baddbmm(base0[s], coef, k_batch)
-            else:
-                logits = torch.baddbmm(torch.mul(base0[s], u.view(-1, 1, 1)), coef, k_batch)
-                logits = torch.addcmul(logits, v.view(-1, 1, 1), base_a[s])
-            logp = torch.log_softmax(logits, dim=1)
-            target = targets[s]
-            if inner == inner_steps - 1:  # the loss of a minibatch's last inner step, as one by one
-                loss_terms.addcmul_(logp, target.neg)
-            grad = torch.addcmul(target.lr_neg, logp.exp_(), target.lr_weight)  # lr * the gradient wrt the logits
-            if anchor is not None:
-                if not fixed_start:
-                    u, v = _mix(keep, u, lr_prox, ua), _mix(keep, v, lr_prox, va)
-                coef = _mix(keep, coef, lr_prox, acoef) if pull is not None else coef.mul_(keep3)
-            coef.scatter_add_(2, scatter_at[s], grad.neg_())
-        if pull is not None:
-            stay = 1.0 - pull
-            ua, va, acoef = _mix(stay, ua, pull, u), _mix(stay, va, pull, v), _mix(stay, acoef, pull, coef)
+    if anchor is None:  # placeholders the loop never reads (TorchScript wants tensors)
+        base_a, ua, va, acoef, keep, lr_prox = base0, one, u, coef, one, u
+    neg, lr_weight, lr_neg = nll_target_block(y, weight, w0.shape[1], lr)
+    coef, u, v, ua, va, acoef, loss_terms = _step_loop(
+        gram, flat, scatter_at, base0, base_a, neg, lr_weight, lr_neg, coef, u, v, ua, va, acoef, keep, lr_prox,
+        pull if pull is not None else one, inner_steps, anchor is not None, fixed_start, pull is not None)
     out = _rebuild(data.x, w0, b0, a0 if anchor is not None and not fixed_start else None,
                    ab0 if anchor is not None else None, u, v, coef)
     moved = _rebuild(data.x, w0, b0, a0, ab0, ua, va, acoef) if pull is not None else None
     return out, moved, loss_terms.sum((1, 2))
 
 
-def _batch_logits(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, local: torch.Tensor) -> list[torch.Tensor]:
+def _batch_logits(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     """``W X^T + b`` for every device's rows (``[D, C, n]``: ``W @ X^T`` runs ~2x faster than
-    ``X @ W^T`` for few classes), gathered at each step's rows: ``[D, C, B]`` a step."""
+    ``X @ W^T`` for few classes), gathered at each step's rows: ``[steps, D, C, B]``."""
     steps, devices, batch = local.shape
     all_rows = torch.baddbmm(b.unsqueeze(2), w, x.transpose(1, 2))
     at = local.permute(1, 0, 2).reshape(devices, 1, -1).expand(-1, w.shape[1], -1)
-    return all_rows.gather(2, at).view(devices, w.shape[1], steps, batch).permute(2, 0, 1, 3).unbind(0)
+    return all_rows.gather(2, at).view(devices, w.shape[1], steps, batch).permute(2, 0, 1, 3)
 
 
 def _rebuild(x: torch.Tensor, w0: torch.Tensor, b0: torch.Tensor, a0: torch.Tensor | None, ab0: torch.Tensor | None,
