@@ -210,7 +210,7 @@ def run_dual_steps(data: DualData, theta: list[torch.Tensor], anchor: list[torch
 
     The bias is the weight of a constant feature 1 (the Gram matrices hold ``X X^T + 1``), so it
     follows the coefficients: ``b = u * b0 + v * a0_bias + M.sum(-1)``, never stepped on its own."""
-    steps, devices, batch = local.shape
+    steps, devices, _ = local.shape
     w0, b0 = theta
     n = data.rows
     gram = data.gram.reshape(devices * n, n)
