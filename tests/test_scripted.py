@@ -1,5 +1,5 @@
-"""hfl.scripted: the batched steps' loops run as TorchScript give the same floats as the plain
-Python functions (every branch), and a function TorchScript cannot take falls back to Python."""
+"""hfl.scripted: the dual form's step loop run as TorchScript gives the same floats as the plain
+Python function (every branch), and a function TorchScript cannot take falls back to Python."""
 
 from __future__ import annotations
 
