@@ -47,7 +47,6 @@ from flwr.common import (
     NDArrays,
     Scalar,
     Status,
-    parameters_to_ndarrays,
 )
 from flwr.server.client_proxy import ClientProxy
 from torch.func import functional_call, grad_and_value, vmap
@@ -58,7 +57,7 @@ from hfl.inprocess import call_fit
 from hfl.lockstep import current_submit
 from hfl.mclr_dual import DualData, dual_buckets, dual_pays, make_dual_data, run_dual_steps, size_buckets
 from hfl.models import MCLR
-from hfl.payload import LocalParameters
+from hfl.payload import LocalParameters, decode
 from hfl.training import LocalTrainer, Params, converted_once, run_local_steps
 
 FitReply = tuple[NDArrays, int, dict[str, Scalar]]
@@ -698,7 +697,7 @@ class BatchedFit:
             try:
                 key = id(ins.parameters)
                 if key not in decoded:
-                    decoded[key] = parameters_to_ndarrays(ins.parameters)
+                    decoded[key] = decode(ins.parameters)
                 with converted_once(converted):  # not around call_fit: a device's own fit
                     plan = client.fit_plan(decoded[key], dict(ins.config))
             except Exception as exc:  # noqa: BLE001 - the device fails, as its fit would

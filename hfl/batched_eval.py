@@ -8,16 +8,16 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from flwr.common import Code, EvaluateRes, Parameters, Status, parameters_to_ndarrays
+from flwr.common import Code, EvaluateRes, Parameters, Status
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from torch.func import functional_call, vmap
 
 from hfl.batched import DeviceClientLike, concatenated, stack
-from hfl.aggregate import nbytes
 from hfl.device import DeviceRuntime
 from hfl.inprocess import evaluate_child
 from hfl.mclr_dual import size_buckets
+from hfl.payload import decode, payload_nbytes
 from hfl.grouped_cnn import cnn_batched_log_probs
 from hfl.models import CNN, MCLR
 from hfl.training import LocalTrainer, Params, to_tensors
@@ -118,7 +118,7 @@ class BatchedEvaluate:
     def __call__(self, manager: SimpleClientManager, parameters: Parameters,
                  config: dict) -> tuple[list[tuple[str, EvaluateRes]], int]:
         children = sorted(manager.all().values(), key=lambda p: p.cid)
-        decoded = parameters_to_ndarrays(parameters)
+        decoded = decode(parameters)
         replies: dict[str, EvaluateRes] = {}
         batch: list[tuple[str, DeviceRuntime, Params]] = []
         sent: Params | None = None  # the sent model as tensors, once for every device that tests it as it is
@@ -140,4 +140,4 @@ class BatchedEvaluate:
             for (cid, dev, _), (loss_sum, correct, n) in zip(batch, scores, strict=True):
                 replies[cid] = EvaluateRes(Status(Code.OK, "Success"), loss_sum / n, n,
                                            {"device_id": dev.device_id, "correct": correct})
-        return [(p.cid, replies[p.cid]) for p in children], len(children) * nbytes(parameters.tensors)
+        return [(p.cid, replies[p.cid]) for p in children], len(children) * payload_nbytes(parameters)

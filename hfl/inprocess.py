@@ -34,7 +34,6 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from hfl.aggregate import nbytes
 from hfl.errors import first_failure
 from hfl.faults import SimulatedFault
 from hfl.lockstep import Execute, Lockstep
@@ -190,7 +189,7 @@ def run_fit_rounds(
         here = f"{round_path}.{server_round}" if round_path else str(server_round)
         calls = [(proxy, FitIns(ins.parameters, {**ins.config, **(forward or {}), "round_path": here}))
                  for proxy, ins in instructions]
-        report.bytes_down += sum(nbytes(ins.parameters.tensors) for _, ins in calls)
+        report.bytes_down += sum(payload_nbytes(ins.parameters) for _, ins in calls)
         for (proxy, _), res in zip(calls, fit_many(calls), strict=True):
             if isinstance(res, BaseException):  # a dead child is counted, the round goes on
                 # A simulated fault (runtime.dropout) is expected: the log file has it, the console not.
@@ -230,7 +229,7 @@ def evaluate_children(
     """Send one EvaluateIns to every child (sorted by cid); returns replies and bytes sent."""
     children = sorted(manager.all().values(), key=lambda p: p.cid)
     return [(proxy.cid, evaluate_child(proxy, parameters, config)) for proxy in children], \
-        len(children) * nbytes(parameters.tensors)
+        len(children) * payload_nbytes(parameters)
 
 
 def evaluate_child(proxy: ClientProxy, parameters: Parameters, config: dict) -> EvaluateRes:

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 
 import numpy as np
 from flwr.client import NumPyClient
-from flwr.common import NDArrays, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import NDArrays, Scalar, ndarrays_to_parameters
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import Strategy
 
 from hfl.evaluation import DeviceScore, add_reports, evaluation_result, target_report
 from hfl.faults import drop
 from hfl.inprocess import EvaluateMany, FitMany, evaluate_children, fit_one_by_one, run_fit_rounds
-from hfl.payload import Payload, pack, unpack
+from hfl.payload import Payload, decode, pack, unpack
 from hfl.sampling import parse_devices, sample_children
 from hfl.store import StateStore
 from hfl.tree import level_of
@@ -177,7 +177,7 @@ class NodeClient(NumPyClient):
                                             self.fit_many)
         except RuntimeError as exc:  # the node fails its call: its parent counts it as a failed child
             raise RuntimeError(f"node {spec.path}: {exc}") from exc
-        model = parameters_to_ndarrays(params)
+        model = decode(params)
         # A gradient relay (level_models false) keeps no model: its reply is no predictor.
         state = {f"w_{i}": a for i, a in enumerate(model)} if self.level_models else {}
         if hasattr(strategy, "node_state"):  # e.g. node-optimiser moments (strategies.bhfl)

@@ -33,7 +33,7 @@ from hfl.aggregate import nbytes, update_problem
 from hfl.errors import first_failure
 from hfl.evaluation import pool_evaluations
 from hfl.faults import Dropout
-from hfl.payload import decode, unpack
+from hfl.payload import LocalParameters, decode, unpack
 from hfl.sampling import DeviceDraw
 from hfl.store import StateStore
 
@@ -113,7 +113,7 @@ class TeamStrategy(Strategy):
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        self.current = parameters_to_ndarrays(parameters)
+        self.current = decode(parameters)  # the arrays aggregate_fit kept: no decoding
         ins = FitIns(parameters, {**self.fit_config, "team_round": server_round})
         return [(proxy, ins) for proxy in sorted(client_manager.all().values(), key=lambda p: p.cid)]
 
@@ -134,7 +134,9 @@ class TeamStrategy(Strategy):
         self.last_accepted = accepted  # for rules that read more than the models (e.g. residual parts)
         models = [u.model for u in accepted]
         weights = [u.num_examples for u in accepted]
-        return ndarrays_to_parameters(self.aggregate(self.current, models, weights)), stats
+        # Kept as arrays, encoded only if sent out of the process (hfl.payload.LocalParameters): the
+        # next configure_fit and the node's batched devices read them back without decoding.
+        return LocalParameters(self.aggregate(self.current, models, weights)), stats
 
     def configure_evaluate(self, server_round, parameters, client_manager):  # noqa: ANN001
         return []  # the team node evaluates its devices itself (hfl.team)
