@@ -9,6 +9,9 @@ the key's previous version — the newest one saved in an earlier round — unde
 ``<root>/<key>.npz`` is always the newest version (what ``load`` reads). A run killed during
 global round R+1 is resumed after ``rollback(R)``: every key goes back to its newest version
 of round R or before, whatever round R+1 had already written.
+
+Reads are served from memory while a file is unchanged (``_LoadCache``): a node's device table is
+read by each of its messages, fit and evaluation, and written by its fits.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +28,83 @@ import numpy as np
 ROUND = "__round__"  # the tag saved inside each file; load() strips it
 PREVIOUS = "previous"
 TMP = re.compile(r"^\..*\.tmp\.npz$")
+# What the load cache may hold, per process (least recently used files dropped beyond it).
+LOAD_CACHE_BYTES = 128 * 2**20
+
+Signature = tuple[int, int, int]
+
+
+def _signature(path: str) -> Signature:
+    """Inode, size and modification time: every save writes a new file and renames it into
+    place, so a file saved again, by any process, never keeps its signature."""
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class _LoadCache:
+    """Stored files' arrays by path, valid while the file's ``_signature`` is the one they were
+    read or written with. The arrays are read-only: whoever loads them shares them."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._entries: OrderedDict[str, tuple[Signature, dict[str, np.ndarray], int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()  # nodes of one process load and save from several threads
+
+    def get(self, path: str, signature: Signature) -> dict[str, np.ndarray] | None:
+        with self._lock:
+            entry = self._entries.get(path)
+            if entry is None or entry[0] != signature:
+                return None
+            self._entries.move_to_end(path)
+            return entry[1]
+
+    def put(self, path: str, signature: Signature, arrays: dict[str, np.ndarray]) -> None:
+        size = sum(a.nbytes for a in arrays.values())
+        for a in arrays.values():
+            a.flags.writeable = False
+        with self._lock:
+            old = self._entries.pop(path, None)
+            if old is not None:
+                self._bytes -= old[2]
+            if size > self.limit:
+                return
+            self._entries[path] = (signature, arrays, size)
+            self._bytes += size
+            while self._bytes > self.limit:
+                _, (_, _, dropped) = self._entries.popitem(last=False)
+                self._bytes -= dropped
+
+
+_CACHE = _LoadCache(LOAD_CACHE_BYTES)
+
+
+def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray] | None:
+    """Every array of a stored file (read-only, shared), or None if there is none: from memory
+    while the file is the one last read or written here."""
+    path = os.path.abspath(path)
+    try:
+        signature = _signature(path)  # before reading: a file replaced meanwhile is read again later
+    except FileNotFoundError:
+        return None
+    arrays = _CACHE.get(path, signature)
+    if arrays is None:
+        with np.load(path) as data:
+            arrays = {name: data[name] for name in data.files}
+        _CACHE.put(path, signature, arrays)
+    return arrays
+
+
+def _write(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """``atomic_savez``, and the arrays kept as the file's cached content (copies: the caller
+    keeps its own)."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+    np.savez(tmp, **arrays)
+    signature = _signature(str(tmp))  # a rename keeps inode and mtime: the saved file's signature
+    os.replace(tmp, path)
+    kept = {name: np.array(a, copy=True) for name, a in arrays.items()}
+    if all(a.dtype != object for a in kept.values()):  # np.load refuses pickled objects: no cached copy
+        _CACHE.put(os.path.abspath(path), signature, kept)
 
 
 class StateStore:
@@ -38,16 +120,15 @@ class StateStore:
         return self.root / PREVIOUS / f"{key}.npz"
 
     def load(self, key: str) -> dict[str, np.ndarray] | None:
-        path = self._path(key)
-        if not path.exists():
-            return None
-        with np.load(path) as data:
-            return {name: data[name] for name in data.files if name != ROUND}
+        """The key's newest arrays, or None: the caller's own (copies of the cached ones, as
+        writable as a fresh read: whoever changes them in place changes nothing stored)."""
+        arrays = read_npz(self._path(key))
+        return None if arrays is None else {name: a.copy() for name, a in arrays.items() if name != ROUND}
 
     def save(self, key: str, arrays: dict[str, np.ndarray]) -> None:
         path = self._path(key)
         if self.round is None:
-            atomic_savez(path, **arrays)
+            _write(path, arrays)
             return
         if path.exists() and version_of(path) != self.round:
             # The first save of this round: the version before it becomes the previous one (an
@@ -55,7 +136,7 @@ class StateStore:
             # its previous version, which rollback() restores.
             (self.root / PREVIOUS).mkdir(exist_ok=True)
             os.replace(path, self._previous(key))
-        atomic_savez(path, **arrays, **{ROUND: np.array(self.round, dtype=np.int64)})
+        _write(path, {**arrays, ROUND: np.array(self.round, dtype=np.int64)})
 
     def versions(self, key: str) -> list[tuple[int, Path]]:
         """The key's stored versions, (round, file), newest first; an untagged file counts as round 0."""
@@ -96,8 +177,10 @@ class StateStore:
 
 def version_of(path: Path) -> int:
     """The global round a stored file was saved in (0 when untagged)."""
-    with np.load(path) as data:
-        return int(data[ROUND]) if ROUND in data.files else 0
+    arrays = read_npz(path)
+    if arrays is None:
+        raise FileNotFoundError(path)
+    return int(arrays[ROUND]) if ROUND in arrays else 0
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
