@@ -22,6 +22,7 @@ from torch.func import functional_call
 
 from hfl.errors import ConfigError
 from hfl.models import FAST_GRADIENTS
+from hfl.scripted import scripted
 
 Params = list[torch.Tensor]
 
@@ -64,6 +65,15 @@ def converted_once(memo: dict | None = None) -> Iterator[None]:
 
 def to_ndarrays(params: Sequence[torch.Tensor]) -> list[np.ndarray]:
     return [p.detach().numpy().copy() for p in params]
+
+
+@scripted  # half the dispatch cost of a Python loop, and the GIL free for the other size groups
+def _permutations(n: int, count: int, generator: torch.Generator) -> torch.Tensor:
+    """``count`` successive ``torch.randperm(n, generator=generator)``, a row each."""
+    out = torch.empty(count, n, dtype=torch.int64)
+    for i in range(count):
+        torch.randperm(n, generator=generator, out=out[i])
+    return out
 
 
 class BatchSampler:
@@ -125,10 +135,7 @@ class BatchSampler:
         (``pos`` never stops inside one): each permutation drawn straight into its row of ``out``
         (MNIST's smallest devices: a ``randperm`` a step, most of a phase's draws)."""
         n = self.num_samples
-        drawn = torch.empty(len(out), n, dtype=torch.int64)
-        for row in drawn.unbind(0):  # views made in one call: indexing a tensor costs more than randperm
-            torch.randperm(n, generator=self.generator, out=row)
-        out[:, :n] = drawn.numpy()
+        out[:, :n] = _permutations(n, len(out), self.generator).numpy()
         self._order, self.pos = out[-1, :n].copy(), self.batch_size
         return out
 

@@ -1,5 +1,6 @@
 """hfl.scripted: the dual form's step loop run as TorchScript gives the same floats as the plain
-Python function (every branch), and a function TorchScript cannot take falls back to Python."""
+Python function (every branch), the samplers' scripted permutations the same draws as randperm
+called one by one, and a function TorchScript cannot take falls back to Python."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from hfl import mclr_dual
+from hfl import mclr_dual, training
 from hfl.scripted import Scripted, scripted
 
 D, C, F, N, B, STEPS = 3, 4, 12, 7, 5, 6
@@ -44,6 +45,16 @@ def test_scripted_dual_steps_equal_the_python_loop(monkeypatch, anchor, inner_st
     for a, b in zip([*got[0], *(got[1] or []), got[2]], [*want[0], *(want[1] or []), want[2]], strict=True):
         assert torch.equal(a, b)  # the same operations in the same order: the same floats
     assert not torch.equal(got[0][0], _dual_case(anchor, inner_steps, pulled)[1][0])  # it stepped
+
+
+@pytest.mark.parametrize("n", [1, 2, 50])
+def test_scripted_permutations_are_randperm_called_one_by_one(n):
+    assert isinstance(training._permutations.compiled(), torch.jit.ScriptFunction)
+    scripted_gen, plain_gen = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+    got = training._permutations(n, 7, scripted_gen)
+    want = torch.stack([torch.randperm(n, generator=plain_gen) for _ in range(7)])
+    assert torch.equal(got, want)
+    assert torch.equal(scripted_gen.get_state(), plain_gen.get_state())  # the stream goes on alike
 
 
 def test_a_function_torchscript_cannot_take_runs_in_python(caplog):
