@@ -29,11 +29,11 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from hfl.aggregate import nbytes, update_problem
+from hfl.aggregate import all_finite, nbytes, update_problem
 from hfl.errors import first_failure
 from hfl.evaluation import pool_evaluations
 from hfl.faults import Dropout
-from hfl.payload import LocalParameters, decode, unpack
+from hfl.payload import LocalParameters, Payload, decode, unpack
 from hfl.sampling import DeviceDraw
 from hfl.store import StateStore
 
@@ -74,15 +74,21 @@ def accept_results(
     path) so that float sums do not depend on arrival order, and the number rejected (logged
     with the reason). Empty payloads (a subtree with nothing to report) are skipped, not rejected."""
     accepted, rejected = [], 0
+    unpacked: list[tuple[ClientProxy, FitRes, Payload | str]] = []
     for proxy, res in results:
         try:
-            payload = unpack(decode(res.parameters), res.metrics)
+            unpacked.append((proxy, res, unpack(decode(res.parameters), res.metrics)))
         except (ValueError, KeyError) as exc:
-            payload, problem = None, f"malformed payload: {exc}"
+            unpacked.append((proxy, res, f"malformed payload: {exc}"))
+    # NaN/Inf checked for all updates at once; only if one has some, update by update to name it.
+    finite = all_finite([p.main for _, _, p in unpacked if isinstance(p, Payload) and "model" in p.parts])
+    for proxy, res, payload in unpacked:
+        if isinstance(payload, str):
+            problem = payload
         else:
             if payload.kind == "empty":
                 continue
-            problem = update_problem(payload.main, reference) if "model" in payload.parts else "no model part"
+            problem = update_problem(payload.main, reference, finite) if "model" in payload.parts else "no model part"
         if problem is None and res.num_examples <= 0:
             problem = f"num_examples is {res.num_examples}"
         if problem is not None:

@@ -10,7 +10,8 @@ import torch
 
 from clients.fedavg import sgd_step
 from clients.permfl import device_step
-from hfl.aggregate import mean_of, update_problem
+from hfl import aggregate
+from hfl.aggregate import all_finite, mean_of, update_problem
 from hfl.models import CNN, DNN, MCLR, build_model, mclr_loss_and_grad
 from hfl.training import BatchSampler, LocalTrainer
 from hfl.evaluation import pool_evaluations
@@ -61,6 +62,18 @@ def test_update_problem_names_the_defect():
     assert "expected 2" in update_problem([np.ones((2, 3))], ref)
     assert "NaN" in update_problem([np.full((2, 3), np.nan), np.ones(3)], ref)
     assert "NaN" in update_problem([np.ones((2, 3)), np.array([0, np.inf, 0])], ref)
+    assert update_problem([np.full((2, 3), np.nan), np.ones(3)], ref, known_finite=True) is None
+
+
+@pytest.mark.parametrize("where", ["small", "large"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_all_finite_finds_a_single_bad_value_among_many_updates(monkeypatch, where, bad):
+    monkeypatch.setattr(aggregate, "FINITE_CHECK_TOGETHER", 100)  # arrays over 100 values: one by one
+    updates = [[np.ones((5, 20), dtype=np.float32), np.zeros(5, dtype=np.float32), np.arange(3)] for _ in range(4)]
+    assert all_finite(updates) and all_finite([]) and all_finite([[]])
+    updates[2][0 if where == "small" else 1] = np.ones(101 if where == "large" else (5, 20), dtype=np.float32)
+    updates[2][0 if where == "small" else 1].flat[-1] = bad
+    assert not all_finite(updates)
 
 
 def test_mclr_closed_form_gradient_matches_autograd():
