@@ -298,12 +298,17 @@ def pad_batches(drawn: Sequence[np.ndarray | torch.Tensor | Sequence[torch.Tenso
     ``steps`` index tensors) as ``draw_batches`` returns them."""
     index = np.stack([_block(d, batch_size) for d in drawn], axis=1)  # [steps, D, B]
     at = np.asarray(offsets, dtype=np.int64).reshape(1, -1, 1)
-    if (index[:, :, -1] >= 0).all():  # no short batch: the common case
+    if (index[:, :, -1] >= 0).all():  # no short batch
         return torch.from_numpy(index + at), torch.full(index.shape, 1.0 / batch_size)
-    # Short last batches of an epoch: padded with the device's first row, weighted 0.
+    # Short batches (an epoch's last; a device smaller than the group's width): padded with the
+    # device's first row, weighted 0; the others 1/len (float32 division, as torch's). In place on
+    # the stacked block: a phase of small devices pads every step.
     real = index >= 0
-    weight = torch.from_numpy(real).float()
-    return torch.from_numpy(np.where(real, index, 0) + at), weight / torch.from_numpy(real.sum(2, keepdims=True))
+    weight = real.astype(np.float32)
+    weight /= real.sum(2, keepdims=True, dtype=np.float32)
+    np.maximum(index, 0, out=index)
+    index += at
+    return torch.from_numpy(index), torch.from_numpy(weight)
 
 
 def _block(drawn: np.ndarray | torch.Tensor | Sequence[torch.Tensor], batch_size: int) -> np.ndarray:
@@ -390,17 +395,20 @@ def _distinct(tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list
     which one each tensor is."""
     distinct: list[torch.Tensor] = []
     which: list[int] = []
+    seen: dict[int, int] = {}  # id of a tensor met -> its value's position (a team's devices share one)
     for t in tensors:
-        for j, u in enumerate(distinct):
+        j = seen.get(id(t))
+        if j is None:
             # a few leading values first: models that differ nearly always differ there
-            if t is u or (torch.equal(t.reshape(-1)[:8], u.reshape(-1)[:8]) and torch.equal(t, u)):
-                which.append(j)
-                break
-        else:
-            if len(distinct) == MAX_DISTINCT:
-                return list(tensors), list(range(len(tensors)))
-            which.append(len(distinct))
-            distinct.append(t)
+            j = next((k for k, u in enumerate(distinct)
+                      if torch.equal(t.reshape(-1)[:8], u.reshape(-1)[:8]) and torch.equal(t, u)), None)
+            if j is None:
+                if len(distinct) == MAX_DISTINCT:
+                    return list(tensors), list(range(len(tensors)))
+                j = len(distinct)
+                distinct.append(t)
+            seen[id(t)] = j
+        which.append(j)
     return distinct, which
 
 
