@@ -16,14 +16,14 @@ from dataclasses import dataclass
 
 import numpy as np
 from flwr.client import NumPyClient
-from flwr.common import NDArrays, Scalar, ndarrays_to_parameters
+from flwr.common import NDArrays, Scalar
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import Strategy
 
 from hfl.evaluation import DeviceScore, add_reports, evaluation_result, target_report
 from hfl.faults import drop
 from hfl.inprocess import EvaluateMany, FitMany, evaluate_children, fit_one_by_one, run_fit_rounds
-from hfl.payload import Payload, decode, pack, unpack
+from hfl.payload import LocalParameters, Payload, decode, pack, unpack
 from hfl.sampling import parse_devices, sample_children
 from hfl.store import StateStore
 from hfl.tree import level_of
@@ -258,7 +258,7 @@ class NodeClient(NumPyClient):
             config["pm"] = {"fallback": True} if samples else {}
         report: dict[str, Scalar] = {}
         for target, arrays in targets.items():
-            sent = ndarrays_to_parameters(arrays)
+            sent = LocalParameters(arrays)  # batched devices read the arrays; bytes only if they leave
             replies, moved = self.evaluate_many(self.children, sent,
                                                 {"model": DEVICE_MODEL.get(target, "team"), **config.get(target, {})})
             metrics[f"bytes_down_level{self.spec.level}"] += moved
@@ -270,7 +270,7 @@ class NodeClient(NumPyClient):
     def _evaluate_nodes(self, models: dict[str, NDArrays], metrics: dict[str, Scalar]) -> list[dict[str, Scalar]]:
         """The models forwarded to every child node (evaluation asks the whole subtree)."""
         arrays, meta = pack("parts", models)
-        sent = ndarrays_to_parameters(arrays)
+        sent = LocalParameters(arrays)
         replies, moved = evaluate_children(self.children, sent, meta)
         metrics[f"bytes_down_level{self.spec.level}"] += moved
         out = []
