@@ -35,8 +35,10 @@ Signature = tuple[int, int, int]
 
 
 def _signature(path: str) -> Signature:
-    """Inode, size and modification time: every save writes a new file and renames it into
-    place, so a file saved again, by any process, never keeps its signature."""
+    """Inode, size and modification time. Every save writes a new file and renames it into
+    place, so a file saved again, by any process, gets a new inode or a later time; only a save
+    that reused the inode within the file system's time resolution (nanoseconds on ext4 here)
+    and kept the size could look unchanged, and a node saves a key once per message."""
     st = os.stat(path)
     return st.st_ino, st.st_size, st.st_mtime_ns
 
@@ -98,10 +100,7 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray] | None:
 def _write(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """``atomic_savez``, and the arrays kept as the file's cached content (copies: the caller
     keeps its own)."""
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, **arrays)
-    signature = _signature(str(tmp))  # a rename keeps inode and mtime: the saved file's signature
-    os.replace(tmp, path)
+    signature = atomic_savez(path, **arrays)
     kept = {name: np.array(a, copy=True) for name, a in arrays.items()}
     if all(a.dtype != object for a in kept.values()):  # np.load refuses pickled objects: no cached copy
         _CACHE.put(os.path.abspath(path), signature, kept)
@@ -192,10 +191,12 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def atomic_savez(path: str | os.PathLike, *args: np.ndarray, **kwargs: np.ndarray) -> None:
+def atomic_savez(path: str | os.PathLike, *args: np.ndarray, **kwargs: np.ndarray) -> Signature:
     """``np.savez`` to a temporary file, then rename: a crash, or a reader polling for the
-    file, never sees half of it."""
+    file, never sees half of it. Returns the saved file's ``_signature``."""
     path = Path(path)
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
     np.savez(tmp, *args, **kwargs)
+    signature = _signature(str(tmp))  # a rename keeps inode and mtime: the saved file's
     os.replace(tmp, path)
+    return signature
