@@ -61,14 +61,21 @@ class _LoadCache:
             self._entries.move_to_end(path)
             return entry[1]
 
+    def drop(self, path: str) -> None:
+        with self._lock:
+            self._pop(path)
+
+    def _pop(self, path: str) -> None:  # the lock held
+        old = self._entries.pop(path, None)
+        if old is not None:
+            self._bytes -= old[2]
+
     def put(self, path: str, signature: Signature, arrays: dict[str, np.ndarray]) -> None:
         size = sum(a.nbytes for a in arrays.values())
         for a in arrays.values():
             a.flags.writeable = False
         with self._lock:
-            old = self._entries.pop(path, None)
-            if old is not None:
-                self._bytes -= old[2]
+            self._pop(path)
             if size > self.limit:
                 return
             self._entries[path] = (signature, arrays, size)
@@ -101,9 +108,14 @@ def _write(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """``atomic_savez``, and the arrays kept as the file's cached content (copies: the caller
     keeps its own)."""
     signature = atomic_savez(path, **arrays)
-    kept = {name: np.array(a, copy=True) for name, a in arrays.items()}
-    if all(a.dtype != object for a in kept.values()):  # np.load refuses pickled objects: no cached copy
-        _CACHE.put(os.path.abspath(path), signature, kept)
+    path = os.path.abspath(path)
+    values = [np.asanyarray(a) for a in arrays.values()]
+    # No copy where none would be kept: np.load refuses pickled objects, and a file over the
+    # cache's bound never enters it (a node's CNN device table can be hundreds of MiB).
+    if any(a.dtype == object for a in values) or sum(a.nbytes for a in values) > _CACHE.limit:
+        _CACHE.drop(path)
+        return
+    _CACHE.put(path, signature, {name: np.array(a, copy=True) for name, a in zip(arrays, values, strict=True)})
 
 
 class StateStore:
