@@ -157,33 +157,38 @@ def _mix(keep: torch.Tensor, a: torch.Tensor, toward: torch.Tensor, b: torch.Ten
 
 @scripted
 def _step_loop(gram: torch.Tensor, flat: torch.Tensor, scatter_at: torch.Tensor, base0: torch.Tensor,
-               base_a: torch.Tensor, neg: torch.Tensor, lr_weight: torch.Tensor, lr_neg: torch.Tensor,
+               base_a: torch.Tensor, neg: torch.Tensor, minus_lr_weight: torch.Tensor, minus_lr_neg: torch.Tensor,
                coef: torch.Tensor, u: torch.Tensor, v: torch.Tensor, ua: torch.Tensor, va: torch.Tensor,
                acoef: torch.Tensor, keep: torch.Tensor, lr_prox: torch.Tensor, pull: torch.Tensor, inner_steps: int,
                anchored: bool, fixed_start: bool, pulled: bool,
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``run_dual_steps``' steps, every per-step tensor stacked ``[steps, ...]``: the coefficients
     ``M``, ``u, v``, the anchor's ``ua, va, Ma`` and the loss's terms (``logp * neg``, summed by
-    the caller). Unanchored: ``base_a, ua, va, acoef, keep, lr_prox`` unread; unpulled: ``pull``."""
+    the caller); ``minus_lr_*``: ``NLLTargets``' ``lr_weight, lr_neg`` negated. Unanchored:
+    ``base_a, ua, va, acoef, keep, lr_prox`` unread; unpulled: ``pull``."""
     steps, devices, classes, batch = scatter_at.shape
     n = gram.shape[1]
     keep3 = keep.view(-1, 1, 1)
     # the summed loss's terms, logp * -w * onehot(y), reduced once at the end
     loss_terms = torch.zeros(devices, classes, batch, dtype=coef.dtype, device=coef.device)
     k_buffer = torch.empty(devices * batch, n, dtype=gram.dtype, device=gram.device)
+    # each step's slices taken at once (one operation, not one a step each)
+    flats, scatters, bases0, bases_a = flat.unbind(0), scatter_at.unbind(0), base0.unbind(0), base_a.unbind(0)
+    negs, lr_weights, lr_negs = neg.unbind(0), minus_lr_weight.unbind(0), minus_lr_neg.unbind(0)
     for s in range(steps):
         # [D, n, B]; into one buffer: a fresh one a step cost more than the copy (measured)
-        k_batch = torch.index_select(gram, 0, flat[s], out=k_buffer).view(devices, batch, n).transpose(1, 2)
+        k_batch = torch.index_select(gram, 0, flats[s], out=k_buffer).view(devices, batch, n).transpose(1, 2)
         for inner in range(inner_steps):
             if not anchored or fixed_start:  # u = 1, v = 0 throughout
-                logits = torch.baddbmm(base0[s], coef, k_batch)
+                logits = torch.baddbmm(bases0[s], coef, k_batch)
             else:
-                logits = torch.baddbmm(torch.mul(base0[s], u.view(-1, 1, 1)), coef, k_batch)
-                logits = torch.addcmul(logits, v.view(-1, 1, 1), base_a[s])
+                logits = torch.baddbmm(torch.mul(bases0[s], u.view(-1, 1, 1)), coef, k_batch)
+                logits = torch.addcmul(logits, v.view(-1, 1, 1), bases_a[s])
             logp = torch.log_softmax(logits, dim=1)
             if inner == inner_steps - 1:  # the loss of a minibatch's last inner step, as one by one
-                loss_terms.addcmul_(logp, neg[s])
-            grad = torch.addcmul(lr_neg[s], logp.exp_(), lr_weight[s])  # lr * the gradient wrt the logits
+                loss_terms.addcmul_(logp, negs[s])
+            # -lr * the gradient wrt the logits (negated targets: exactly the negated sum)
+            grad = torch.addcmul(lr_negs[s], logp.exp_(), lr_weights[s])
             if anchored:
                 if not fixed_start:
                     u, v = _mix(keep, u, lr_prox, ua), _mix(keep, v, lr_prox, va)
@@ -191,7 +196,7 @@ def _step_loop(gram: torch.Tensor, flat: torch.Tensor, scatter_at: torch.Tensor,
                     coef = _mix(keep, coef, lr_prox, acoef)
                 else:
                     coef = coef.mul_(keep3)
-            coef.scatter_add_(2, scatter_at[s], grad.neg_())
+            coef.scatter_add_(2, scatters[s], grad)
         if pulled:
             stay = 1.0 - pull
             ua, va, acoef = _mix(stay, ua, pull, u), _mix(stay, va, pull, v), _mix(stay, acoef, pull, coef)
@@ -236,7 +241,7 @@ def run_dual_steps(data: DualData, theta: list[torch.Tensor], anchor: list[torch
         base_a, ua, va, acoef, keep, lr_prox = base0, one, u, coef, one, u
     neg, lr_weight, lr_neg = nll_target_block(y, weight, w0.shape[1], lr)
     coef, u, v, ua, va, acoef, loss_terms = _step_loop(
-        gram, flat, scatter_at, base0, base_a, neg, lr_weight, lr_neg, coef, u, v, ua, va, acoef, keep, lr_prox,
+        gram, flat, scatter_at, base0, base_a, neg, lr_weight.neg_(), lr_neg.neg_(), coef, u, v, ua, va, acoef, keep, lr_prox,
         pull if pull is not None else one, inner_steps, anchor is not None, fixed_start, pull is not None)
     out = _rebuild(data.x, w0, b0, a0 if anchor is not None and not fixed_start else None,
                    ab0 if anchor is not None else None, u, v, coef)

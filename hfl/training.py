@@ -113,30 +113,28 @@ class BatchSampler:
 
     def take(self, steps: int) -> np.ndarray:
         """``steps`` calls of ``next()`` as one ``[steps, batch_size]`` block, a short batch (an
-        epoch's last) padded with -1: a slice per epoch crossed instead of one per step (the
-        batched path, hfl.batched; a device smaller than its batch crosses one every step). The
-        sampler ends where the ``steps`` calls leave it."""
-        size = self.batch_size
-        out = np.full(steps * size, -1, dtype=np.int64)
-        if self.num_samples <= size and steps and self.pos >= len(self._order):
-            return self._whole_epochs(out.reshape(steps, size))
+        epoch's last) padded with -1: the current epoch's rest, then every new epoch the calls
+        reach drawn in one go (``_permutations``, the same draws as one ``randperm`` an epoch) and
+        laid out a padded row of batches each (the batched path, hfl.batched). The sampler ends
+        where the ``steps`` calls leave it."""
+        size, n = self.batch_size, self.num_samples
+        out = np.full((steps, size), -1, dtype=np.int64)
         taken = 0
-        while taken < steps:
-            rest = self._epoch()
-            calls = min(steps - taken, -(-len(rest) // size))
-            block = rest[: calls * size]
-            out[taken * size : taken * size + len(block)] = block
-            self.pos += calls * size
-            taken += calls
-        return out.reshape(steps, size)
-
-    def _whole_epochs(self, out: np.ndarray) -> np.ndarray:
-        """``take`` for a device no larger than its batch, whose every call is a whole new epoch
-        (``pos`` never stops inside one): each permutation drawn straight into its row of ``out``
-        (MNIST's smallest devices: a ``randperm`` a step, most of a phase's draws)."""
-        n = self.num_samples
-        out[:, :n] = _permutations(n, len(out), self.generator).numpy()
-        self._order, self.pos = out[-1, :n].copy(), self.batch_size
+        if steps and self.pos < len(self._order):
+            rest = self._order[self.pos :]
+            taken = min(steps, -(-len(rest) // size))
+            block = rest[: taken * size]
+            out.reshape(-1)[: len(block)] = block
+            self.pos += taken * size
+        if taken < steps:
+            per_epoch = -(-n // size)  # calls an epoch serves, its last maybe short
+            epochs = -(-(steps - taken) // per_epoch)
+            perms = _permutations(n, epochs, self.generator).numpy()
+            laid = np.full((epochs, per_epoch * size), -1, dtype=np.int64)
+            laid[:, :n] = perms
+            out[taken:] = laid.reshape(epochs * per_epoch, size)[: steps - taken]
+            self._order = perms[-1].copy()
+            self.pos = (steps - taken - (epochs - 1) * per_epoch) * size
         return out
 
     def state(self) -> dict[str, np.ndarray]:

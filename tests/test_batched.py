@@ -49,15 +49,18 @@ def batched_flag(name: str) -> bool:
 
 
 # ---------------------------------------------------------------- minibatches
-def test_sampler_take_is_next_called_steps_times():
-    a, b = BatchSampler(50, 8, seed=3), BatchSampler(50, 8, seed=3)
-    for steps in (3, 1, 4, 5, 2, 9):  # crosses epoch ends (50 = 6 x 8 + 2: a short last batch)
+@pytest.mark.parametrize("n", [50, 16, 9])
+def test_sampler_take_is_next_called_steps_times(n):
+    a, b = BatchSampler(n, 8, seed=3), BatchSampler(n, 8, seed=3)
+    # crosses epoch ends (50 = 6 x 8 + 2: a short last batch; 16: none), several in one take
+    for steps in (3, 1, 4, 5, 2, 9, 0, 23):
         got = a.take(steps)
         want = [b.next() for _ in range(steps)]
         assert got.shape == (steps, 8)
         assert [[i for i in g.tolist() if i >= 0] for g in got] == [w.tolist() for w in want]  # -1 pads short ones
         assert a.pos == b.pos and torch.equal(a.perm, b.perm)
-    c = BatchSampler(50, 8, seed=99)
+        assert torch.equal(a.generator.get_state(), b.generator.get_state())
+    c = BatchSampler(n, 8, seed=99)
     c.restore(a.state())  # mid-epoch: take goes on from the restored permutation and generator
     assert np.array_equal(c.take(7), a.take(7))
 
@@ -65,7 +68,7 @@ def test_sampler_take_is_next_called_steps_times():
 @pytest.mark.parametrize("n", [1, 5, 8])
 def test_sampler_take_of_a_device_no_larger_than_its_batch_is_next_called_steps_times(n):
     a, b = BatchSampler(n, 8, seed=4), BatchSampler(n, 8, seed=4)
-    for steps in (3, 1, 6):  # every call a whole new epoch (BatchSampler._whole_epochs)
+    for steps in (3, 1, 6):  # every call a whole new epoch
         got = a.take(steps)
         want = [b.next() for _ in range(steps)]
         assert got.shape == (steps, 8) and (got[:, n:] == -1).all()
@@ -131,13 +134,14 @@ def test_stacked_gradients_equal_each_devices_own(model, path):
                               -F.log_softmax(x[1, :3] @ w_d[0].t() + params[1][1], 1).gather(1, y_d[:, None]).mean())
 
 
-@pytest.mark.parametrize("kind", ["one-model", "two-teams", "late-difference", "all-own", "not-contiguous"])
+@pytest.mark.parametrize("kind", ["one-model", "one-tensor", "two-teams", "late-difference", "all-own", "not-contiguous"])
 def test_stack_sends_distinct_models_once_and_equals_a_plain_stack(kind):
     torch.manual_seed(3)
     a, b = [torch.randn(4, 5), torch.randn(5)], [torch.randn(4, 5), torch.randn(5)]
     late = [a[0].clone(), a[1].clone()]
     late[0][3, 4] += 1.0  # equal in its leading values, different further on
     models = {"one-model": [a, [t.clone() for t in a], a],
+              "one-tensor": [a, a, list(a)],
               "two-teams": [a, b, [t.clone() for t in a], b, a],
               "late-difference": [a, late, a],
               "all-own": [[torch.randn(4, 5), torch.randn(5)] for _ in range(MAX_DISTINCT + 2)],
@@ -145,14 +149,17 @@ def test_stack_sends_distinct_models_once_and_equals_a_plain_stack(kind):
     got = stack(models, torch.device("cpu"))
     for i, t in enumerate(got):
         assert torch.equal(t, torch.stack([m[i] for m in models]))
-    # one model alike: a broadcast view (stride 0 along devices), no copies
-    assert (got[0].stride(0) == 0) == (kind == "one-model")
-    # what is sent to the device: each distinct model once, unless there are too many to check
+    # on the CPU alike is the same tensor, never compared: one tensor is a broadcast view (stride
+    # 0 along devices), no copies; equal values in other tensors are copied (as cheap as comparing)
+    assert (got[0].stride(0) == 0) == (kind == "one-tensor")
+    # what is sent to another device: each distinct model once, unless there are too many to check
     distinct, which = batched_module._distinct([m[0] for m in models])
-    assert len(distinct) == {"one-model": 1, "two-teams": 2, "late-difference": 2, "all-own": len(models),
-                             "not-contiguous": 2}[kind]
+    assert len(distinct) == {"one-model": 1, "one-tensor": 1, "two-teams": 2, "late-difference": 2,
+                             "all-own": len(models), "not-contiguous": 2}[kind]
     if kind == "two-teams":
         assert which == [0, 1, 0, 1, 0]
+    objects, which = batched_module._distinct([m[0] for m in models], by_value=False)
+    assert len(objects) == len({id(m[0]) for m in models}) and all(objects[j] is m[0] for j, m in zip(which, models))
 
 
 def test_converted_once_gives_the_same_tensors_for_the_same_arrays_only_inside():
