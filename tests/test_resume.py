@@ -100,20 +100,23 @@ def test_store_keeps_the_newest_two_rounds_and_load_reads_the_newest(tmp_path):
 
 def test_store_rollback_restores_each_key_to_its_round(tmp_path):
     store = StateStore(tmp_path)
-    saves = {"node-0": (1, 2, 3), "node-0.1": (1, 3), "device-5": (3,), "device-6": (1,), "device-7": (2, 3)}
+    saves = {"node-0": (1, 2, 3), "node-0.1": (1, 3), "device-5": (3,), "device-6": (1,), "device-7": (2, 3),
+             "device-8": (1, 2)}
     for key, rounds in saves.items():
         for rnd in rounds:
             store.round = rnd
             store.save(key, {"x": np.array([rnd])})
-    # killed while writing: a half-written file, and a key caught between its two steps (its
-    # round-2 version already moved aside, the round-3 one not written)
+    # killed while writing: a half-written file, a key caught between its steps (its round-2
+    # version already moved aside, the round-3 one not written), and one whose older version was
+    # removed before its round-2 one was moved aside
     (tmp_path / ".node-0.123.tmp.npz").write_bytes(b"partial")
     (tmp_path / "device-7.npz").unlink()
+    (tmp_path / PREVIOUS / "device-8.npz").unlink()
     store.rollback(2)
     got = {key: store.load(key) for key in saves}
     assert got["node-0"]["x"][0] == 2 and got["node-0.1"]["x"][0] == 1 and got["device-6"]["x"][0] == 1
     assert got["device-5"] is None  # first saved in the round rolled back
-    assert got["device-7"]["x"][0] == 2
+    assert got["device-7"]["x"][0] == 2 and got["device-8"]["x"][0] == 2
     assert not list(tmp_path.glob(".*.tmp.npz"))
     store.round = 3  # the resumed round 3 saves again
     store.save("node-0", {"x": np.array([30])})
