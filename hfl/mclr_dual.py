@@ -239,9 +239,10 @@ def run_dual_steps(data: DualData, theta: list[torch.Tensor], anchor: list[torch
     fixed_start = start_anchor and pull is None
     if anchor is None:  # placeholders the loop never reads (TorchScript wants tensors)
         base_a, ua, va, acoef, keep, lr_prox = base0, one, u, coef, one, u
-    neg, lr_weight, lr_neg = nll_target_block(y, weight, w0.shape[1], lr)
+    # the rates negated: the targets' lr terms come negated, exactly (the loop adds -lr * gradient)
+    neg, minus_lr_weight, minus_lr_neg = nll_target_block(y, weight, w0.shape[1], lr.neg())
     coef, u, v, ua, va, acoef, loss_terms = _step_loop(
-        gram, flat, scatter_at, base0, base_a, neg, lr_weight.neg_(), lr_neg.neg_(), coef, u, v, ua, va, acoef, keep, lr_prox,
+        gram, flat, scatter_at, base0, base_a, neg, minus_lr_weight, minus_lr_neg, coef, u, v, ua, va, acoef, keep, lr_prox,
         pull if pull is not None else one, inner_steps, anchor is not None, fixed_start, pull is not None)
     out = _rebuild(data.x, w0, b0, a0 if anchor is not None and not fixed_start else None,
                    ab0 if anchor is not None else None, u, v, coef)
