@@ -402,10 +402,9 @@ def _distinct(tensors: Sequence[torch.Tensor], by_value: bool = True) -> tuple[l
     for t in tensors:
         j = seen.get(id(t))
         if j is None:
-            # a few leading values first: models that differ nearly always differ there
-            j = next((k for k, u in enumerate(distinct)
-                      if torch.equal(t.reshape(-1)[:8], u.reshape(-1)[:8]) and torch.equal(t, u)), None) \
-                if by_value else None
+            if by_value:  # a few leading values first: models that differ nearly always differ there
+                j = next((k for k, u in enumerate(distinct)
+                          if torch.equal(t.reshape(-1)[:8], u.reshape(-1)[:8]) and torch.equal(t, u)), None)
             if j is None:
                 if len(distinct) == MAX_DISTINCT:
                     return list(tensors), list(range(len(tensors)))

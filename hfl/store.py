@@ -141,7 +141,8 @@ class StateStore:
         if self.round is None:
             _write(path, arrays)
             return
-        if path.exists() and version_of(path) != self.round:
+        current = read_npz(path)  # one look at the file: whether it exists, and its round
+        if current is not None and _round_in(current) != self.round:
             # The first save of this round: the version before it becomes the previous one (an
             # older previous version is dropped). Killed between the steps, the key has its
             # newest version as the current or the previous one, which rollback() restores.
@@ -195,6 +196,11 @@ def version_of(path: Path) -> int:
     arrays = read_npz(path)
     if arrays is None:
         raise FileNotFoundError(path)
+    return _round_in(arrays)
+
+
+def _round_in(arrays: dict[str, np.ndarray]) -> int:
+    """The round tag among a stored file's arrays (0 when untagged)."""
     return int(arrays[ROUND]) if ROUND in arrays else 0
 
 

@@ -23,17 +23,16 @@ from flwr.common import (
     Parameters,
     Scalar,
     ndarrays_to_parameters,
-    parameters_to_ndarrays,
 )
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from hfl.aggregate import all_finite, nbytes, update_problem
+from hfl.aggregate import all_finite, update_problem
 from hfl.errors import first_failure
 from hfl.evaluation import pool_evaluations
 from hfl.faults import Dropout
-from hfl.payload import LocalParameters, Payload, decode, unpack
+from hfl.payload import LocalParameters, Payload, decode, payload_nbytes, unpack
 from hfl.sampling import DeviceDraw
 from hfl.store import StateStore
 
@@ -219,11 +218,11 @@ class GlobalStrategy(Strategy):
     def configure_fit(self, server_round, parameters, client_manager):  # noqa: ANN001
         self._round = {"start": time.perf_counter(), "bytes_down_global": 0, "bytes_up_global": 0,
                        "bytes_down_team": 0, "bytes_up_team": 0, "compute_seconds": 0.0, "failures": 0}
-        self.current = parameters_to_ndarrays(parameters)
+        self.current = decode(parameters)
         teams, extra = self._fit_targets(server_round, self._teams(client_manager))
         teams = self._drop_nodes(server_round, teams)
         parameters, meta = self.fit_message(server_round, parameters)
-        self._round["bytes_down_global"] += nbytes(parameters.tensors) * len(teams)
+        self._round["bytes_down_global"] += payload_nbytes(parameters) * len(teams)
         ins = FitIns(parameters, {**self.fit_config, **extra, **meta, "global_round": server_round})
         return [(proxy, ins) for proxy in teams]
 
@@ -289,7 +288,7 @@ class GlobalStrategy(Strategy):
         self._round["failures_level1"] = self._round.get("failures_level1", 0) + len(failures) + rejected
         # In node order, not arrival order (Flower's server collects futures in any order).
         for _, res in sorted(results, key=lambda r: node_order(r[1].metrics)):
-            self._round["bytes_up_global"] += nbytes(res.parameters.tensors)
+            self._round["bytes_up_global"] += payload_nbytes(res.parameters)
             if res.metrics.get("samples"):
                 self._round.setdefault("samples", []).append(str(res.metrics["samples"]))
             self._round["failures"] += int(res.metrics.get("device_failures", 0))
@@ -327,7 +326,7 @@ class GlobalStrategy(Strategy):
             return []
         teams = self._teams(client_manager)
         parameters, meta = self.evaluate_message(server_round, parameters)
-        self._round["bytes_down_global"] += nbytes(parameters.tensors) * len(teams)
+        self._round["bytes_down_global"] += payload_nbytes(parameters) * len(teams)
         ins = EvaluateIns(parameters, {**meta, "global_round": server_round})
         return [(proxy, ins) for proxy in teams]
 

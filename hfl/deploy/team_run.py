@@ -20,15 +20,14 @@ from flwr.common import (
     Parameters,
     Scalar,
     ndarrays_to_parameters,
-    parameters_to_ndarrays,
 )
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from hfl.aggregate import nbytes
 from hfl.deploy.jobs import TeamJob, load_arrays, save_arrays, write_json
 from hfl.evaluation import DeviceScore, target_report
+from hfl.payload import decode, payload_nbytes
 
 log = logging.getLogger("hfl")
 
@@ -86,14 +85,14 @@ class TeamFitRun(Strategy):
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
         wait_for_devices(client_manager, self.job)
         instructions = self.inner.configure_fit(server_round, parameters, client_manager)
-        self.report["bytes_down_team"] += sum(nbytes(ins.parameters.tensors) for _, ins in instructions)
+        self.report["bytes_down_team"] += sum(payload_nbytes(ins.parameters) for _, ins in instructions)
         return instructions
 
     def aggregate_fit(self, server_round: int, results, failures):
         for failure in failures:
             log.warning("team %d round %d: device failure: %s", self.job.team_id, server_round, failure)
         kept, missing = usable_replies(results, self.job)
-        self.report["bytes_up_team"] += sum(nbytes(res.parameters.tensors) for _, res in results)
+        self.report["bytes_up_team"] += sum(payload_nbytes(res.parameters) for _, res in results)
         parameters, stats = self.inner.aggregate_fit(
             server_round, kept, [DeviceMissing(f"device missing in round {server_round}")] * missing
         )
@@ -109,7 +108,7 @@ class TeamFitRun(Strategy):
         return parameters, stats
 
     def _write(self, parameters: Parameters) -> None:
-        save_arrays(self.job.model_path, parameters_to_ndarrays(parameters))
+        save_arrays(self.job.model_path, decode(parameters))
         self.report["seconds"] = time.perf_counter() - self.start
         write_json(self.job.result, self.report)
 
@@ -151,7 +150,7 @@ class TeamEvaluationRun(Strategy):
         nodes = wait_for_devices(client_manager, self.job)
         packed = ndarrays_to_parameters([*self.gm, *self.team])
         config: dict[str, Scalar] = {"targets": ",".join(self.targets), "split": len(self.gm)}
-        self.bytes_down = nbytes(packed.tensors) * len(nodes)
+        self.bytes_down = payload_nbytes(packed) * len(nodes)
         return [(node, EvaluateIns(packed, config)) for node in nodes]
 
     def aggregate_evaluate(self, server_round, results, failures):
