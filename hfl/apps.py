@@ -23,15 +23,19 @@ from flwr.server.strategy import Strategy
 
 from hfl import schema
 from hfl.batched import use_runtime_threads
-from hfl.config import load_module, validate
+from hfl.algorithm import NodeContext, ServerRule
+from hfl.config import load_server, validate
 from hfl.errors import ConfigError
 from hfl.faults import Dropout, dropout_fractions
 from hfl.deploy.wiring import deployed_client, team_server_components, tier_of
 from hfl.node import build_team_node, federation_for, initial_model
+from hfl.payload import Payload
 from hfl.polling import PolledServerApp
 from hfl.recorder import Recorder
 from hfl.resume import Checkpoint, Resumed
+from hfl.root import RootStrategy
 from hfl.sampling import DeviceDraw
+from hfl.store import StateStore
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 schema.register()  # conf/'s files extend the schemas: whoever composes from CONF_DIR needs them stored
@@ -44,8 +48,9 @@ def run_meta(cfg: Mapping) -> dict:
 
 
 def build_global_strategy(cfg: Mapping, run_dir: str | Path, start: Checkpoint | None = None) -> Strategy:
-    """The root strategy; with ``start``, that of a run resumed after ``start.round`` (its state
-    restored, the rounds Flower counts offset: hfl.resume)."""
+    """The root: the algorithm's server rule at level 0 under hfl.root's driver, rebuilt from the
+    state store (which a resumed run has rolled back to ``start.round``); with ``start``, the
+    rounds Flower counts are offset by it (hfl.resume)."""
     fed = federation_for(cfg)
     if cfg["runtime"]["name"] == "deployment" and fed.tree.depth != 2:
         raise ConfigError("topology", f"deployment runs three tiers (root, team hosts, devices); this tree has depth "
@@ -53,29 +58,31 @@ def build_global_strategy(cfg: Mapping, run_dir: str | Path, start: Checkpoint |
     alg = cfg["algorithm"]
     restore = None if start is None else {**start.recorder, "round": start.round}
     recorder = Recorder(run_dir, run_meta(cfg), int(cfg["global_rounds"]), restore=restore)
-    module = load_module(alg, "strategy")
-    common = dict(
+    server = load_server(alg)
+    initial = Payload("model", {"model": initial_model(cfg, fed)})
+
+    def make_rule(state: dict | None) -> ServerRule:
+        return server(NodeContext(cfg, "", fed.tree.depth, initial, state, fed, run_dir=Path(run_dir)))
+
+    _, node_dropout = dropout_fractions(cfg["runtime"])
+    device_sampling = None
+    if alg.get("sampling", "children") == "devices":
+        holds = {path: frozenset(fed.tree.devices_under(path)) for path in fed.tree.children("")}
+        device_sampling = DeviceDraw(len(fed.devices), float(alg["sample_fraction"]), int(cfg["seed"]), holds)
+    strategy = RootStrategy(
+        make_rule,
+        StateStore(cfg["runtime"].get("state_dir") or Path(run_dir) / "state"),
         num_teams=len(fed.teams),
         num_rounds=int(cfg["global_rounds"]),
         eval_every=int(cfg["eval_every"]),
         recorder=recorder,
         team_wait_seconds=float(cfg["runtime"].get("team_wait_seconds", 60)),
+        device_sampling=device_sampling,
         min_fit_fraction=float(alg.get("min_fit_fraction", 1.0)),
+        # runtime.dropout_nodes: the root drops level-1 nodes too (hfl.faults)
+        dropout=Dropout(node_dropout, int(cfg["seed"])) if node_dropout > 0 else None,
     )
-    _, node_dropout = dropout_fractions(cfg["runtime"])
-    if node_dropout > 0:  # runtime.dropout_nodes: the root drops level-1 nodes too (hfl.faults)
-        common["dropout"] = Dropout(node_dropout, int(cfg["seed"]))
-    if alg.get("sampling", "children") == "devices":
-        holds = {path: frozenset(fed.tree.devices_under(path)) for path in fed.tree.children("")}
-        common["device_sampling"] = DeviceDraw(len(fed.devices), float(alg["sample_fraction"]), int(cfg["seed"]), holds)
-    if hasattr(module, "build_root_strategy"):  # a root that needs the whole config (state store, proxy data)
-        strategy = module.build_root_strategy(cfg, initial_model(cfg, fed), **common)
-    else:
-        strategy = module.build_global_strategy(alg, initial_model(cfg, fed), **common)
-    if start is None:
-        return strategy
-    strategy.restore(start.strategy)
-    return Resumed(strategy, start.round)
+    return strategy if start is None else Resumed(strategy, start.round)
 
 
 def rounds_left(cfg: Mapping, start: Checkpoint | None) -> int:

@@ -67,6 +67,19 @@ def load_module(alg: Mapping, role: str) -> ModuleType:
         raise ConfigError(f"algorithm.{role}", f"cannot import {name!r}: {exc}") from exc
 
 
+def load_server(alg: Mapping) -> type:
+    """The algorithm's server rule: ``SERVER`` of its strategy module, a subclass of
+    ``hfl.algorithm.ServerRule`` (the written protocol)."""
+    from hfl.algorithm import ServerRule
+
+    module = load_module(alg, "strategy")
+    server = getattr(module, "SERVER", None)
+    if not (isinstance(server, type) and issubclass(server, ServerRule)):
+        raise ConfigError("algorithm.strategy", f"module {module.__name__} has no SERVER (a subclass of "
+                                                "hfl.algorithm.ServerRule)")
+    return server
+
+
 # children: every node samples ``sample_fraction`` of its children per round (per level);
 # devices: the root draws ``sample_fraction`` of all devices per global round (uniform across the
 # tree, PFLEGO) and a node asks only the children holding a drawn device.
@@ -137,18 +150,13 @@ def validate(cfg: Mapping) -> None:
             raise ConfigError("algorithm.min_fit_fraction", f"must be <= 1, got {alg['min_fit_fraction']}")
     if not isinstance(alg.get("weighted"), bool):
         raise ConfigError("algorithm.weighted", f"must be true or false, got {alg.get('weighted')!r}")
-    for role in ("strategy", "client"):
-        module = load_module(alg, role)
-        # A strategy module builds nodes from the parent model alone (build_team_strategy) or from
-        # the node's whole context (build_node_strategy), and a root likewise.
-        needed = (("make_client",),) if role == "client" else (("build_team_strategy", "build_node_strategy"),
-                                                               ("build_global_strategy", "build_root_strategy"))
-        missing = [" or ".join(fns) for fns in needed if not any(hasattr(module, fn) for fn in fns)]
-        if missing:
-            raise ConfigError(f"algorithm.{role}", f"module {module.__name__} lacks {', '.join(missing)}")
-        # An algorithm checks its own hyper-parameters (raising ConfigError) before training.
-        if hasattr(module, "check_config"):
-            module.check_config(alg)
+    # An algorithm checks its own hyper-parameters (raising ConfigError) before training: its
+    # server's, and its device client module's own check_config, which the protocol leaves optional.
+    load_server(alg).check_config(alg)
+    client = load_module(alg, "client")
+    if not callable(getattr(client, "make_client", None)):
+        raise ConfigError("algorithm.client", f"module {client.__name__} lacks make_client")
+    getattr(client, "check_config", lambda alg: None)(alg)
     _check_levels(alg)
     if not isinstance(alg.get("global_model", True), bool):
         raise ConfigError("algorithm.global_model", f"must be true or false, got {alg.get('global_model')!r}")
@@ -158,7 +166,7 @@ def validate(cfg: Mapping) -> None:
     if runtime.get("name") == "deployment" and alg.get("sampling", "children") == "devices":
         raise ConfigError("algorithm.sampling", "'devices' needs the root to address level-1 nodes by path, which "
                                                 "the deployment's team SuperLinks do not offer yet; run it in simulation")
-    if runtime.get("name") == "deployment" and not hasattr(load_module(alg, "strategy"), "build_team_strategy"):
+    if runtime.get("name") == "deployment" and load_server(alg).node_state:
         raise ConfigError("algorithm.name", f"{alg.get('name')!r} keeps node state across calls, which the "
                                             "deployment's team runs do not carry yet; run it in simulation")
     _number(cfg, "runtime.torch_threads", minimum=1, integer=True)

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -17,7 +15,8 @@ from flwr.common import NDArrays
 from clients.base import DeviceClient
 from hfl.batched import BatchedFit, batching_pays, resolve_device
 from hfl.batched_eval import BatchedEvaluate
-from hfl.config import batched_setting, check_model_buffers, load_module
+from hfl.algorithm import NodeContext, ServerRule
+from hfl.config import batched_setting, check_model_buffers, load_module, load_server
 from hfl.data import DeviceData, Federation, build_federation
 from hfl.device import DEVICES_PREFIX, DeviceRuntime, has_state, pack_states, unpack_states
 from hfl.errors import ConfigError
@@ -236,9 +235,7 @@ def check_tree(cfg: Mapping, tree: Tree) -> None:
             raise ConfigError(f"algorithm.{key}", f"has {len(value)} entries; this tree of depth {tree.depth} "
                                                   f"needs {length} ({'levels 1..' if key == 'level_rounds' else 'levels 0..'}"
                                                   f"{tree.depth - 1})")
-    module = load_module(alg, "strategy")
-    if hasattr(module, "check_federation"):  # checks that need the built tree and data (e.g. proxy sizes)
-        module.check_federation(cfg, federation_for(cfg))
+    load_server(alg).check_federation(cfg, federation_for(cfg))  # e.g. proxy sizes, a validation split
     if alg.get("local_labels", False) and float(cfg["dataset"].get("proxy_fraction", 0.0)) > 0:
         raise ConfigError("algorithm.local_labels", "servers' proxy data keeps the dataset's labels; local labels "
                                                     "and dataset.proxy_fraction > 0 do not mix")
@@ -248,22 +245,6 @@ def check_tree(cfg: Mapping, tree: Tree) -> None:
                                                        "sampling applies from level 1 down")
 
 
-@dataclass
-class NodeContext:
-    """What an algorithm's ``build_node_strategy`` gets for one call of a node."""
-
-    cfg: Mapping[str, Any]
-    path: str
-    depth: int
-    payload: Payload  # what the parent sent
-    state: dict[str, np.ndarray] | None  # what the node stored after its last call
-    fed: Federation
-
-    @property
-    def level(self) -> int:
-        return level_of(self.path)
-
-
 def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
     """The inner node at ``path`` with its whole subtree in this process."""
     fed = federation_for(cfg)
@@ -271,7 +252,7 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
     alg = cfg["algorithm"]
     store = StateStore(state_dir)
     level = level_of(path)
-    strategy_module = load_module(alg, "strategy")
+    server = load_server(alg)
     fit_many, evaluate_many = fit_one_by_one, evaluate_children
     if tree.is_lowest(path):
         client_module = load_module(alg, "client")
@@ -302,12 +283,8 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
         def persist() -> None:
             pass
 
-    if hasattr(strategy_module, "build_node_strategy"):
-        def make_strategy(payload, state):  # noqa: ANN001, ANN202
-            return strategy_module.build_node_strategy(alg, NodeContext(cfg, path, tree.depth, payload, state, fed))
-    else:  # the three-tier algorithms: a strategy built from the parent model alone
-        def make_strategy(payload, state):  # noqa: ANN001, ANN202
-            return strategy_module.build_team_strategy(alg, payload.main)
+    def make_rule(payload: Payload, state: dict | None, round_path: str) -> ServerRule:
+        return server(NodeContext(cfg, path, tree.depth, payload, state, fed, round_path=round_path))
 
     # Simulated faults (hfl.faults): the lowest servers drop devices, the others child nodes.
     device_dropout, node_dropout = dropout_fractions(cfg.get("runtime", {}))
@@ -315,12 +292,13 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
                     tree.is_lowest(path), device_sampling=alg.get("sampling", "children") == "devices",
                     dropout=device_dropout if tree.is_lowest(path) else node_dropout,
                     faults=device_dropout > 0 or node_dropout > 0)
-    return NodeClient(spec, client_manager_of(proxies), make_strategy, store,
+    return NodeClient(spec, client_manager_of(proxies), make_rule, store,
                       personalized=bool(alg["personalized"]), global_model=bool(alg.get("global_model", True)),
                       persist=persist, holds=holds, pm_base=alg.get("pm_base"),
                       level_models=bool(alg.get("level_models", True)),
-                      evaluation_context=getattr(strategy_module, "evaluation_context", None),
-                      fit_many=fit_many, evaluate_many=evaluate_many)
+                      evaluation_context=server.evaluation_context,
+                      fit_many=fit_many, evaluate_many=evaluate_many,
+                      min_fit_fraction=float(alg.get("min_fit_fraction", 1.0)))
 
 
 def build_team_node(cfg: Mapping, team_id: int, state_dir: str | Path) -> NodeClient:

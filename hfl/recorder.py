@@ -50,6 +50,17 @@ def accuracy_keys(lines: list[dict]) -> list[str]:
     return first + sorted(found - set(first))
 
 
+def fit_test_metrics(history: list[float], window: int = 10) -> dict[str, float]:
+    """The PFLEGO paper's figure from the per-round accuracies of the sampled devices (each after
+    its training, before the root's step, pooled over their test samples; ``fit_test``):
+    ``pflego_accuracy``, the mean of the last ``window`` rounds, and ``pflego_round_accuracy``,
+    the last round's."""
+    if not history:
+        return {}
+    last = history[-window:]
+    return {"pflego_accuracy": sum(last) / len(last), "pflego_round_accuracy": history[-1]}
+
+
 def _rewrite(path: Path, lines: list[str]) -> None:
     atomic_write_bytes(path, "".join(line + "\n" for line in lines).encode())
 
@@ -86,6 +97,7 @@ class Recorder:
         self.lines: list[dict] = []
         self.totals = dict.fromkeys(TRAFFIC_KEYS, 0)
         self.failures = 0
+        self.fit_test_history: list[float] = []  # per global round: the drawn devices' own test after training
         if restore is None:
             self.metrics_path.write_text("")
             self.samples_path.unlink(missing_ok=True)
@@ -94,6 +106,7 @@ class Recorder:
         self.lines = [dict(line) for line in restore["lines"]]
         self.totals = dict(restore["totals"])
         self.failures = int(restore["failures"])
+        self.fit_test_history = list(restore.get("fit_test_history", []))
         # The checkpoint's lines are the rows of its rounds, written as round_done writes them.
         _rewrite(self.metrics_path, [json.dumps(line) for line in self.lines])
         _rewrite(self.samples_path, rows_up_to(self.samples_path, "global_round", int(restore["round"])))
@@ -101,13 +114,17 @@ class Recorder:
     def state(self) -> dict:
         """What a resumed run's recorder needs (hfl.resume)."""
         return {"round_seconds": list(self.round_seconds), "lines": [dict(line) for line in self.lines],
-                "totals": dict(self.totals), "failures": self.failures}
+                "totals": dict(self.totals), "failures": self.failures,
+                "fit_test_history": list(self.fit_test_history)}
 
     def round_done(self, rnd: int, seconds: float, counters: dict, evaluation: dict | None, model: NDArrays,
-                   resume_state: dict | None = None) -> None:
-        """Record global round ``rnd``; with ``resume_state`` (the root strategy's), write the
-        checkpoint a killed run resumes from, before the last round's summary and plots."""
+                   checkpoint: bool = True) -> None:
+        """Record global round ``rnd`` and (``checkpoint``) write the checkpoint a killed run
+        resumes from, before the last round's summary and plots."""
         self.round_seconds.append(seconds)
+        tested = int(counters.get("fit_test_samples", 0))
+        if tested:
+            self.fit_test_history.append(int(counters.get("fit_test_correct", 0)) / tested)
         self.failures += int(counters.get("failures", 0))
         moved = traffic(counters)
         for key, value in moved.items():
@@ -119,7 +136,7 @@ class Recorder:
                 for record in sorted(records, key=lambda r: (_natural(r["node"]), _natural(r["round"]))):
                     f.write(json.dumps({"global_round": rnd, **record}) + "\n")
         if evaluation is not None:
-            line = {"round": rnd, **evaluation, "seconds": seconds,
+            line = {"round": rnd, **evaluation, **fit_test_metrics(self.fit_test_history), "seconds": seconds,
                     "compute_seconds": counters.get("compute_seconds", 0.0),
                     "failures": int(counters.get("failures", 0)),
                     "evaluation_failures": int(counters.get("evaluation_failures", 0)),
@@ -133,8 +150,8 @@ class Recorder:
             log.info("%s", round_line(line, self.num_rounds), extra={ROUND: rnd, SHOW: "run"})
         else:
             log.info("round %d/%d trained, not evaluated, %.2fs", rnd, self.num_rounds, seconds, extra={ROUND: rnd})
-        if resume_state is not None:
-            write_checkpoint(self.run_dir, Checkpoint(rnd, resume_state, self.state()))
+        if checkpoint:
+            write_checkpoint(self.run_dir, Checkpoint(rnd, self.state()))
         if rnd == self.num_rounds:
             self.write_summary()
             self.draw()

@@ -6,10 +6,10 @@ same models and the same metrics.jsonl (but for wall-clock fields) as a run neve
 - at its start a run records its config (``checkpoints/config.json``); a resumption refuses a
   different one, naming the keys (those in ``FREE_KEYS`` may differ);
 - at the end of every global round (after its evaluation, or after its fit when the round is
-  not evaluated) the root writes ``checkpoints/resume.pkl``: the round, the root strategy's
-  state (``GlobalStrategy.resume_state``: its attributes, whatever the algorithm) and the
-  recorder's (hfl.recorder);
-- inner nodes and devices keep their state in the versioned store (hfl.store): before anything
+  not evaluated) the recorder writes ``checkpoints/resume.pkl``: the round and the recorder's
+  state (hfl.recorder);
+- every node, the root included (hfl.root), and every device keeps its state in the versioned
+  store (hfl.store): before anything
   runs, a resumption rolls it back to the checkpoint's round R, whatever round R+1 wrote, and the
   recorder rewrites metrics.jsonl and samples.jsonl up to round R;
 - Flower counts rounds from 1: the remaining T - R rounds run behind ``Resumed``, which shows
@@ -54,7 +54,6 @@ ADDED_KEYS = {"runtime.dropout": 0.0, "runtime.dropout_nodes": 0.0, "runtime.bat
 @dataclass
 class Checkpoint:
     round: int  # the last completed global round
-    strategy: dict[str, Any]  # GlobalStrategy.resume_state()
     recorder: dict[str, Any]  # Recorder.state()
 
 
@@ -174,7 +173,7 @@ def prepare(cfg: Mapping, run_dir: str | os.PathLike) -> Checkpoint | None:
 
 class Resumed(Strategy):
     """The root strategy of a resumed run. Flower counts rounds from 1: the strategy sees
-    ``offset`` + Flower's round, and starts from the checkpoint's model."""
+    ``offset`` + Flower's round, and starts from the model its rule rebuilt from the store."""
 
     def __init__(self, inner: Strategy, offset: int) -> None:
         self.inner = inner

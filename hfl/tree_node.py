@@ -18,13 +18,14 @@ import numpy as np
 from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 from flwr.server.client_manager import SimpleClientManager
-from flwr.server.strategy import Strategy
 
+from hfl.algorithm import ServerRule, model_from_state, model_state
 from hfl.evaluation import DeviceScore, add_reports, evaluation_result, target_report
 from hfl.faults import drop
 from hfl.inprocess import EvaluateMany, FitMany, evaluate_children, fit_one_by_one, run_fit_rounds
 from hfl.payload import LocalParameters, Payload, decode, pack, unpack
 from hfl.sampling import parse_devices, sample_children
+from hfl.server import NodeStrategy
 from hfl.store import StateStore
 from hfl.tree import level_of
 
@@ -64,16 +65,9 @@ def node_key(path: str) -> str:
     return f"node-{path or 'root'}"
 
 
-# make_strategy(parent payload, stored node state or None) -> the strategy for one call
-StrategyFactory = Callable[[Payload, dict[str, np.ndarray] | None], Strategy]
-
-
-def model_from_state(state: dict[str, np.ndarray] | None) -> NDArrays | None:
-    """The node model kept in a stored state (``w_0``, ``w_1``…)."""
-    if not state:
-        return None
-    names = sorted((k for k in state if k.startswith("w_") and k[2:].isdigit()), key=lambda k: int(k[2:]))
-    return [state[k] for k in names] or None
+# make_rule(parent payload, stored node state or None, the call's round path) -> the
+# algorithm's server rule for one call (hfl.algorithm)
+RuleFactory = Callable[[Payload, dict[str, np.ndarray] | None, str], ServerRule]
 
 
 def sample_records(spec: NodeSpec, round_path: str, report,  # noqa: ANN001
@@ -105,7 +99,7 @@ class NodeClient(NumPyClient):
         self,
         spec: NodeSpec,
         children: SimpleClientManager,
-        make_strategy: StrategyFactory,
+        make_rule: RuleFactory,
         store: StateStore,
         *,
         personalized: bool,
@@ -117,10 +111,11 @@ class NodeClient(NumPyClient):
         evaluation_context: Callable[[dict[str, np.ndarray] | None], dict[str, NDArrays]] | None = None,
         fit_many: FitMany = fit_one_by_one,
         evaluate_many: EvaluateMany = evaluate_children,
+        min_fit_fraction: float = 1.0,
     ) -> None:
         self.spec = spec
         self.children = children
-        self.make_strategy = make_strategy
+        self.make_rule = make_rule
         self.store = store
         self.personalized = personalized
         self.global_model = global_model
@@ -131,6 +126,7 @@ class NodeClient(NumPyClient):
         self.evaluation_context = evaluation_context  # stored node state -> ctx_* parts it adds for its devices' PM
         self.fit_many = fit_many  # how a round's children are called (a lowest node's devices may be batched)
         self.evaluate_many = evaluate_many  # likewise for evaluation (hfl.batched.BatchedEvaluate)
+        self.min_fit_fraction = min_fit_fraction  # of the children asked, the usable replies a round needs
 
     def _asked_children(self, children: list, config: dict[str, Scalar], round_path: str, server_round: int) -> list:
         """The children a round asks: those holding a device the root drew (sampling=devices),
@@ -159,7 +155,8 @@ class NodeClient(NumPyClient):
         # What this call saves (its state, its devices') is a version of the global round it
         # computes, the first entry of its round path (hfl.store: resuming rolls back to a round).
         self.store.round = int(round_path.split(".")[0])
-        strategy = self.make_strategy(unpack(parameters, config), self.store.load(spec.store_key))
+        rule = self.make_rule(unpack(parameters, config), self.store.load(spec.store_key), round_path)
+        strategy = NodeStrategy(rule, self.min_fit_fraction)
 
         dropped: list[list[str]] = []  # per round, the children a simulated fault failed
 
@@ -179,9 +176,8 @@ class NodeClient(NumPyClient):
             raise RuntimeError(f"node {spec.path}: {exc}") from exc
         model = decode(params)
         # A gradient relay (level_models false) keeps no model: its reply is no predictor.
-        state = {f"w_{i}": a for i, a in enumerate(model)} if self.level_models else {}
-        if hasattr(strategy, "node_state"):  # e.g. node-optimiser moments (strategies.bhfl)
-            state.update(strategy.node_state())
+        state = model_state(model) if self.level_models else {}
+        state.update(rule.state())  # e.g. node-optimiser moments (strategies.bhfl)
         self.store.save(spec.store_key, state)
         self.persist()
         level = spec.level
@@ -202,11 +198,11 @@ class NodeClient(NumPyClient):
         if level == 1:  # the names 3-tier runs have always reported
             metrics["bytes_down_team"] = sum(v for k, v in counters.items() if k.startswith("bytes_down_level"))
             metrics["bytes_up_team"] = sum(v for k, v in counters.items() if k.startswith("bytes_up_level"))
-        extra = strategy.reply_parts() if hasattr(strategy, "reply_parts") else {}
+        extra = rule.reply_parts()
         if extra:  # e.g. residual updates for the grandparent (strategies.bhfl)
             arrays, meta = pack("parts", {"model": model, **extra})
             return arrays, report.num_examples, {**metrics, **meta}
-        kind = getattr(strategy, "reply_kind", "model")
+        kind = rule.reply_kind
         if kind != "model":  # e.g. a gradient mean (strategies.pflego)
             arrays, meta = pack(kind, model)
             return arrays, report.num_examples, {**metrics, **meta}

@@ -17,9 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from flwr.common import FitIns, NDArrays, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server.client_manager import ClientManager
-from flwr.server.client_proxy import ClientProxy
+from flwr.common import NDArrays, Parameters, Scalar, parameters_to_ndarrays
 
 from clients.fedavg import sgd_step
 from hfl import nodeopt
@@ -28,13 +26,10 @@ from hfl.config import check_number, check_number_list
 from hfl.data import proxy_data
 from hfl.errors import ConfigError
 from hfl.models import build_model
-from hfl.node import NodeContext, federation_for
-from hfl.payload import Payload, pack
+from hfl.algorithm import Message, NodeContext, Replies, ServerRule, Update, model_from_state
+from hfl.payload import pack
 from hfl.seed import derive_seed
-from hfl.store import StateStore
 from hfl.training import BatchSampler, LocalTrainer, run_local_steps, to_ndarrays, to_tensors
-from hfl.tree_node import model_from_state, node_key
-from strategies.base import GlobalStrategy, TeamStrategy, Update
 
 DIRECTIONS = ("up", "down")
 RES_DOWN = "res_down"  # part names "res_down<level>": the model of the ancestor at that level
@@ -168,52 +163,76 @@ def device_config(alg: Mapping[str, Any], depth: int) -> dict:
             "residual_down": json.dumps(nodeopt.check_spec("algorithm.residual_down_opt", alg["residual_down_opt"]))}
 
 
-class BHFLNodeStrategy(TeamStrategy):
-    """An inner node's rounds: merge down once, then T_q rounds of (proxy training, broadcast,
-    merge up). ``node_state`` is what the node keeps for its next call."""
+class BHFLServer(ServerRule):
+    """A node's call: merge down once (not at the root), then T_q rounds of (proxy training,
+    broadcast, merge up). ``state`` is what the node keeps for its next call (at the root: for
+    its next round)."""
 
-    def __init__(self, alg: Mapping[str, Any], ctx) -> None:  # noqa: ANN001 - hfl.node.NodeContext
-        self.alg, self.level, self.depth = alg, ctx.level, ctx.depth
-        received = ctx.payload.parts
-        theta, self.state = merge_down(alg, self.level, model_from_state(ctx.state), received, ctx.state)
-        self.up_state = {k: v for k, v in (ctx.state or {}).items() if k.startswith(("up.", RES_UP))}
+    node_state = True
+
+    @classmethod
+    def check_config(cls, alg: Mapping[str, Any]) -> None:
+        check_config(alg)
+
+    @classmethod
+    def check_federation(cls, cfg: Mapping[str, Any], fed) -> None:  # noqa: ANN001 - hfl.data.Federation
+        check_federation(cfg, fed)
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        alg, self.level, self.depth = ctx.alg, ctx.level, ctx.depth
+        stored = ctx.state or {}
+        self.down_state: dict[str, np.ndarray] = {}
         # The models of the ancestors this node passes on as residual edges (its parent's included).
         self.forward: dict[str, NDArrays] = {}
-        if alg["residual_down"]:
-            self.forward = {n: a for n, a in received.items() if n.startswith(RES_DOWN)}
-            if self.level >= 1:
+        if not ctx.is_root:
+            received = ctx.payload.parts
+            self.theta0, self.down_state = merge_down(alg, self.level, model_from_state(ctx.state), received, ctx.state)
+            if alg["residual_down"]:
+                self.forward = {n: a for n, a in received.items() if n.startswith(RES_DOWN)}
                 self.forward[f"{RES_DOWN}{self.level - 1}"] = received["model"]
+        self.up_state = {k: v for k, v in stored.items() if k.startswith(("up.", RES_UP))}
         self.proxy = ProxyTrainer.maybe(ctx, ctx.state)
-        config = device_config(alg, self.depth) if self.level == self.depth - 1 else {}
-        super().__init__(theta, config, min_fit_fraction=alg.get("min_fit_fraction", 1.0))
         self.residuals_out: list[NDArrays] = []
 
-    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager
-                      ) -> list[tuple[ClientProxy, FitIns]]:
-        if self.proxy is not None:
-            parameters = ndarrays_to_parameters(self.proxy.train(parameters))
-        instructions = super().configure_fit(server_round, parameters, client_manager)
-        if not self.forward:
-            return instructions
-        arrays, meta = pack("parts", {"model": self.current, **self.forward})
-        packed = ndarrays_to_parameters(arrays)
-        return [(proxy, FitIns(packed, {**ins.config, **meta})) for proxy, ins in instructions]
+    def start(self) -> NDArrays:
+        return super().start() if self.ctx.is_root else self.theta0
 
-    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
+    def fit_config(self) -> dict[str, Scalar]:
+        return device_config(self.alg, self.depth) if self.ctx.is_lowest else {}
+
+    def prepare(self, rnd: int, model: NDArrays) -> NDArrays:
+        return self.proxy.train(model) if self.proxy is not None else model
+
+    def fit_message(self, rnd: int, model: NDArrays) -> Message:
+        if not self.forward:
+            return model, {}
+        return pack("parts", {"model": model, **self.forward})
+
+    def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:
         k = int(self.alg["residual_up_k"])
         if k and self.level >= 1:  # forwarded to the parent with this node's reply
-            self.residuals_out = [models[i] for i in largest_updates(current, models, k)]
-        theta, self.up_state = merge_up(self.alg, self.level, current, models, weights,
-                                        residual_parts(self.last_accepted), self.up_state)
+            self.residuals_out = [replies.models[i] for i in largest_updates(model, replies.models, k)]
+        theta, self.up_state = merge_up(self.alg, self.level, model, replies.models, replies.weights,
+                                        residual_parts(replies.updates), self.up_state)
         return theta
 
-    def node_state(self) -> dict[str, np.ndarray]:
+    def state(self) -> dict[str, np.ndarray]:
         proxy = self.proxy.state() if self.proxy is not None else {}
-        return {**self.state, **self.up_state, **proxy}
+        return {**self.down_state, **self.up_state, **proxy}
 
     def reply_parts(self) -> dict[str, NDArrays]:
         """Parts sent up beside the node's model: the residual updates for the grandparent."""
         return {f"{RES_UP}{i}": m for i, m in enumerate(self.residuals_out)}
+
+    def evaluation_metrics(self, model: NDArrays) -> dict[str, float]:
+        if self.proxy is None:
+            return {}
+        accuracy, loss = self.proxy.evaluate(model)
+        return {"gm_proxy_accuracy": accuracy, "gm_proxy_loss": loss}
+
+
+SERVER = BHFLServer
 
 
 class ProxyTrainer:
@@ -251,49 +270,3 @@ class ProxyTrainer:
         return with_prefix(self.sampler.state(), "proxy_sampler")
 
 
-class BHFLRootStrategy(GlobalStrategy):
-    """The root: T_0 = global_rounds rounds of (proxy training, broadcast, merge up); its model
-    and optimiser states are written to the state store (node-root) after every round."""
-
-    # The proxy trainer (data, model, sampler) is rebuilt from the store, which a resumed run has
-    # rolled back to the checkpoint's round: its sampler state is not pickled every round.
-    transient = (*GlobalStrategy.transient, "proxy")
-
-    def __init__(self, cfg: Mapping[str, Any], initial: NDArrays, **common: Any) -> None:
-        self.alg = cfg["algorithm"]
-        self.store = StateStore(cfg["runtime"]["state_dir"])
-        self.key = node_key("")
-        stored = self.store.load(self.key)
-        fed = federation_for(cfg)
-        start = model_from_state(stored) or initial
-        super().__init__(start, **common)
-        self.up_state = {k: v for k, v in (stored or {}).items() if k.startswith(("up.", RES_UP))}
-        ctx = NodeContext(cfg, "", fed.tree.depth, Payload("model", {"model": start}), stored, fed)
-        self.proxy = ProxyTrainer.maybe(ctx, stored)
-
-    def configure_fit(self, server_round, parameters, client_manager):  # noqa: ANN001
-        self.store.round = server_round  # the root's state is a version of this round (hfl.store)
-        if self.proxy is not None:
-            parameters = ndarrays_to_parameters(self.proxy.train(parameters))
-        return super().configure_fit(server_round, parameters, client_manager)
-
-    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
-        theta, self.up_state = merge_up(self.alg, 0, current, models, weights,
-                                        residual_parts(self.last_accepted), self.up_state)
-        proxy = self.proxy.state() if self.proxy is not None else {}
-        self.store.save(self.key, {**{f"w_{i}": a for i, a in enumerate(theta)}, **self.up_state, **proxy})
-        return theta
-
-    def root_evaluation(self) -> dict[str, float]:
-        if self.proxy is None:
-            return {}
-        accuracy, loss = self.proxy.evaluate(self.current)
-        return {"gm_proxy_accuracy": accuracy, "gm_proxy_loss": loss}
-
-
-def build_node_strategy(alg: Mapping[str, Any], ctx) -> BHFLNodeStrategy:  # noqa: ANN001
-    return BHFLNodeStrategy(alg, ctx)
-
-
-def build_root_strategy(cfg: Mapping[str, Any], initial: NDArrays, **common: Any) -> BHFLRootStrategy:
-    return BHFLRootStrategy(cfg, initial, **common)

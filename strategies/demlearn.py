@@ -9,36 +9,21 @@ the plain team mean goes up so that the global mean is built from the devices al
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from flwr.common import NDArrays
 
-from flwr.common import FitIns, NDArrays, Parameters
-from flwr.server.client_manager import ClientManager
-from flwr.server.client_proxy import ClientProxy
-
+from hfl.algorithm import Replies
 from hfl.personal import mix
-from strategies.mean import MeanTeamStrategy, mean_servers
-
-_, build_global_strategy = mean_servers()
+from strategies.fedavg import FedAvgServer
 
 
-class DemLearnTeamStrategy(MeanTeamStrategy):
-    def __init__(self, parent: NDArrays, alg: Mapping[str, Any]) -> None:
-        super().__init__(parent, alg, ("mu", "mix"))
-        self.team_rounds = int(alg["team_rounds"])
-        self.mix = float(alg["mix"])
-        self.round = 0
+class DemLearnServer(FedAvgServer):
+    keys = ("mu", "mix")
 
-    def configure_fit(
-        self, server_round: int, parameters: Parameters, client_manager: ClientManager
-    ) -> list[tuple[ClientProxy, FitIns]]:
-        self.round = server_round
-        return super().configure_fit(server_round, parameters, client_manager)
-
-    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
-        team_mean = super().aggregate(current, models, weights)
-        return team_mean if self.round >= self.team_rounds else mix(team_mean, self.parent, self.mix)
+    def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:
+        mean = super().aggregate(model, replies)
+        if self.ctx.is_root or replies.round >= int(self.alg["team_rounds"]):
+            return mean
+        return mix(mean, self.ctx.payload.main, float(self.alg["mix"]))
 
 
-def build_team_strategy(alg: Mapping[str, Any], parent: NDArrays) -> DemLearnTeamStrategy:
-    return DemLearnTeamStrategy(parent, alg)
+SERVER = DemLearnServer

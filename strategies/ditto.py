@@ -1,5 +1,10 @@
 """Ditto servers: FedAvg of the devices' global-model updates; the devices also get lam."""
 
-from strategies.mean import mean_servers
+from strategies.fedavg import FedAvgServer
 
-build_team_strategy, build_global_strategy = mean_servers("lam")
+
+class DittoServer(FedAvgServer):
+    keys = ("lam",)
+
+
+SERVER = DittoServer

@@ -1,45 +1,30 @@
-"""FedAvg on the tree: team FedAvg for K rounds, then FedAvg of the team models.
+"""FedAvg on the tree: every server takes the (sample-weighted) mean of its children's models.
 
-With K = 1 (``algorithm=fedavg``) the two sample-weighted means compose into flat FedAvg
-over all devices; with K > 1 (``algorithm=hierfavg``) it is h-SGD / HierFAVG.
+With K = 1 (``algorithm=fedavg``) the means of every level compose into flat FedAvg over all
+devices; with K > 1 at the lowest servers (``algorithm=hierfavg``) it is h-SGD / HierFAVG.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import ClassVar
 
-from flwr.common import NDArrays
+from flwr.common import NDArrays, Scalar
 
-from hfl.aggregate import mean_of
-from strategies.base import GlobalStrategy, TeamStrategy
+from hfl.algorithm import Replies, ServerRule
 
 
-class FedAvgTeamStrategy(TeamStrategy):
-    def __init__(self, parent: NDArrays, alg: Mapping[str, Any]) -> None:
-        super().__init__(
-            parent,
-            {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "fit_test": bool(alg.get("fit_test", False))},
-            min_fit_fraction=alg.get("min_fit_fraction", 1.0),
-        )
-        self.weighted = bool(alg["weighted"])
+class FedAvgServer(ServerRule):
+    """The weighted mean at every node; devices also get ``algorithm.<key>`` for each of ``keys``."""
 
-    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
-        return mean_of(models, weights if self.weighted else None)
+    keys: ClassVar[tuple[str, ...]] = ()
 
+    def fit_config(self) -> dict[str, Scalar]:
+        alg = self.alg
+        return {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "fit_test": bool(alg.get("fit_test", False)),
+                **{key: alg[key] for key in self.keys}}
 
-class FedAvgGlobalStrategy(GlobalStrategy):
-    def __init__(self, initial: NDArrays, alg: Mapping[str, Any], **common: Any) -> None:
-        super().__init__(initial, **common)
-        self.weighted = bool(alg["weighted"])
-
-    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
-        return mean_of(models, weights if self.weighted else None)
+    def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:
+        return replies.mean(bool(self.alg["weighted"]))
 
 
-def build_team_strategy(alg: Mapping[str, Any], parent: NDArrays) -> FedAvgTeamStrategy:
-    return FedAvgTeamStrategy(parent, alg)
-
-
-def build_global_strategy(alg: Mapping[str, Any], initial: NDArrays, **common: Any) -> FedAvgGlobalStrategy:
-    return FedAvgGlobalStrategy(initial, alg, **common)
+SERVER = FedAvgServer

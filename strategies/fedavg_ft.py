@@ -13,12 +13,21 @@ from typing import Any
 
 from hfl.errors import ConfigError
 from hfl.personal import check_keys
-from strategies.mean import mean_servers
-
-build_team_strategy, build_global_strategy = mean_servers("finetune_epochs", "finetune_lr")
+from strategies.fedavg import FedAvgServer
 
 
-def check_config(alg: Mapping[str, Any]) -> None:
+class FedAvgFTServer(FedAvgServer):
+    keys = ("finetune_epochs", "finetune_lr")
+
+    @classmethod
+    def check_config(cls, alg: Mapping[str, Any]) -> None:
+        check_fine_tuning(alg)
+
+
+SERVER = FedAvgFTServer
+
+
+def check_fine_tuning(alg: Mapping[str, Any]) -> None:
     check_keys(alg, finetune_epochs={"integer": True, "minimum": 0}, finetune_lr={"minimum": 0, "open_min": True})
     fixed = {"personalized": True, "pm_base": "gm"}
     for key, value in fixed.items():

@@ -1,5 +1,10 @@
 """FedPer servers: FedAvg's weighted means (of the bodies; heads come back unchanged)."""
 
-from strategies.mean import mean_servers
+from strategies.fedavg import FedAvgServer
 
-build_team_strategy, build_global_strategy = mean_servers("head_layers")
+
+class FedPerServer(FedAvgServer):
+    keys = ("head_layers",)
+
+
+SERVER = FedPerServer

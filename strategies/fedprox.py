@@ -1,5 +1,10 @@
 """FedProx servers: FedAvg's weighted means; the devices also get mu."""
 
-from strategies.mean import mean_servers
+from strategies.fedavg import FedAvgServer
 
-build_team_strategy, build_global_strategy = mean_servers("mu")
+
+class FedProxServer(FedAvgServer):
+    keys = ("mu",)
+
+
+SERVER = FedProxServer

@@ -27,15 +27,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from flwr.common import FitIns, NDArrays, Parameters, Scalar, ndarrays_to_parameters
+from flwr.common import NDArrays, Scalar
 
+from hfl.algorithm import Message, NodeContext, Replies, ServerRule
 from hfl.aggregate import mean_of
 from hfl.errors import ConfigError
-from hfl.node import NodeContext, federation_for
 from hfl.payload import pack
 from hfl.personal import check_keys
 from hfl.seed import derive_seed
-from strategies.base import GlobalStrategy, TeamStrategy
 from strategies.femam_rules import (
     CLUSTER, GLOBAL, KIND_CODES, KINDS, PERSONAL, TEAM, Schedule, clustering_features, flat_model,
     group_means, keeps_level, kmeans_labels, last_kept, level_kind, nearest_labels,
@@ -121,108 +120,36 @@ def team_model(state: Mapping[str, np.ndarray] | None) -> NDArrays | None:
     return [state[k] for k in names] or None
 
 
-def evaluation_context(state: Mapping[str, np.ndarray] | None) -> dict[str, NDArrays]:
-    """What a lowest server adds for its devices' PM: its team-level model, if it has one."""
-    model = team_model(state)
-    return {"ctx_node": model} if model is not None else {}
+# ---------------------------------------------------------------- the root's schedule
+def _groups_state(prefix: str, groups: Mapping[int, NDArrays]) -> dict[str, np.ndarray]:
+    return {f"{prefix}.{k}.{i}": a for k, arrays in groups.items() for i, a in enumerate(arrays)}
 
 
-# ---------------------------------------------------------------- inner nodes
-class FemamNodeStrategy(TeamStrategy):
-    """Forwards the root's payload; the lowest node hands each device its own start model (and the
-    model to freeze), then relays what the root needs: validation rows and, at cluster levels,
-    every device's model."""
-
-    def __init__(self, alg: Mapping[str, Any], ctx: NodeContext) -> None:
-        self.parts = ctx.payload.parts
-        self.info = parse_info(self.parts)
-        self.lowest = ctx.fed.tree.is_lowest(ctx.path)
-        self.team = team_model(ctx.state)
-        config = {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "prox": alg["prox"],
-                  "local_epochs": alg.get("local_epochs") or 0, "num_levels": len(alg["levels"]),
-                  "femam_level": self.info["level"], "femam_kind": self.info["kind"],
-                  "femam_first": int(self.info["first"]), "prune": self.info["prune"]}
-        super().__init__(self.parts["model"], config, min_fit_fraction=alg.get("min_fit_fraction", 1.0))
-
-    def start_model(self, device: int) -> NDArrays:
-        kind, first = self.info["kind"], self.info["first"]
-        if kind == CLUSTER:
-            return self.parts[f"g{int(self.parts['assign'][0][device])}"]
-        if kind == TEAM and not first:
-            return self.team if self.team is not None else self.parts["model"]
-        if kind == PERSONAL and not first:
-            return []  # the device trains the model it keeps
-        return self.parts["model"]  # the global model; a new level starts as its copy
-
-    def frozen_model(self, device: int) -> NDArrays:
-        """The device's final model of the level that just ended."""
-        prev = self.info["prev_kind"]
-        if prev == CLUSTER:
-            return self.parts[f"p{int(self.parts['prev_assign'][0][device])}"]
-        if prev == TEAM:
-            if self.team is None:
-                raise RuntimeError("the team level ended but this server holds no team model")
-            return self.team
-        return self.parts["model"]  # the global level: the root's model stopped moving when it ended
-
-    def configure_fit(self, server_round: int, parameters: Parameters, client_manager) -> list[tuple]:  # noqa: ANN001
-        self.current = self.parts["model"]  # what replies are checked against (shape, finiteness)
-        children = sorted(client_manager.all().values(), key=lambda p: p.cid)
-        if not self.lowest:
-            arrays, meta = pack("parts", self.parts)
-            ins = FitIns(ndarrays_to_parameters(arrays), {**self.fit_config, **meta, "team_round": server_round})
-            return [(proxy, ins) for proxy in children]
-        out = []
-        for proxy in children:
-            device = int(proxy.cid)
-            parts = {"model": self.start_model(device)}
-            extra: dict[str, Scalar] = {}
-            if self.info["first"] and self.info["level"] > 1:
-                parts["freeze"] = self.frozen_model(device)
-                extra["femam_keep"] = int(self.parts["keep"][0][device])
-            arrays, meta = pack("parts", parts)
-            config = {**self.fit_config, **meta, **extra, "team_round": server_round}
-            out.append((proxy, FitIns(ndarrays_to_parameters(arrays), config)))
-        return out
-
-    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
-        self.mean = mean_of(models, weights)
-        return self.mean
-
-    def reply_parts(self) -> dict[str, NDArrays]:
-        rows, relay = [], {}
-        for update in self.last_accepted:
-            if "device_id" in update.metrics:
-                device = int(update.metrics["device_id"])
-                rows.append([device, float(update.metrics["val_loss_sum"]), int(update.metrics["val_n"]),
-                             update.num_examples])
-                if self.info["kind"] == CLUSTER:
-                    relay[f"d{device:06d}"] = update.model
-            else:
-                rows.extend(update.parts["val"][0].tolist())
-                relay.update({k: v for k, v in update.parts.items() if k.startswith("d") and k[1:].isdigit()})
-        return {"val": [np.asarray(rows, dtype=np.float64).reshape(-1, VAL_COLUMNS)], **relay}
-
-    def node_state(self) -> dict[str, np.ndarray]:
-        """A lowest server keeps its team-level model (the mean of its devices while that level trains)."""
-        model = self.mean if self.lowest and self.info["kind"] == TEAM else self.team
-        return {f"team_{i}": a for i, a in enumerate(model)} if model is not None else {}
+def _groups_from(prefix: str, state: Mapping[str, np.ndarray]) -> dict[int, NDArrays]:
+    found: dict[int, dict[int, np.ndarray]] = {}
+    for key, value in state.items():
+        if key.startswith(f"{prefix}."):
+            k, i = key[len(prefix) + 1:].split(".")
+            found.setdefault(int(k), {})[int(i)] = value
+    return {k: [arrays[i] for i in sorted(arrays)] for k, arrays in sorted(found.items())}
 
 
-# ---------------------------------------------------------------- the root
-class FemamRootStrategy(GlobalStrategy):
-    """The level schedule, the per-round grouping (K-means or nearest centre), group means, pruning."""
+class FemamRoot:
+    """What the root keeps across global rounds: the level being trained, its groups and the
+    assignment, the finished level's, every device's keep decisions and validation losses.
+    ``state``/``restore`` write it to and read it from the root's stored state (hfl.root)."""
 
-    def __init__(self, cfg: Mapping[str, Any], initial: NDArrays, **common: Any) -> None:
-        super().__init__(initial, **common)
-        alg = cfg["algorithm"]
+    def __init__(self, ctx: NodeContext, initial: NDArrays) -> None:
+        alg = ctx.alg
         self.alg = alg
-        self.seed = int(cfg["seed"])
+        self.seed = int(ctx.cfg["seed"])
+        self.num_rounds = int(ctx.cfg["global_rounds"])
+        self.run_dir = ctx.run_dir
         self.kinds = kinds_of(alg)
         self.groups_per_level = [int(k) for k in alg["levels"]]
         self.schedule = schedule_of(alg)
         self.prune = str(alg["prune"])
-        self.num_devices = len(federation_for(cfg).devices)
+        self.num_devices = len(ctx.fed.devices)
         n, levels = self.num_devices, len(self.kinds)
         self.level = 0
         self.groups: dict[int, NDArrays] = {0: initial}
@@ -233,8 +160,32 @@ class FemamRootStrategy(GlobalStrategy):
         self.val: list[list[list[float]]] = [[[] for _ in range(n)] for _ in range(levels)]
         self.mean_val: list[list[float]] = [[] for _ in range(levels)]
         self.level_rounds: list[int] = [0] * levels  # rounds each level has trained so far
-        self.eval_view: dict[str, Any] = {}
-        self.server_round = 0
+        self.eval_view: dict[str, Any] = {}  # what this round's evaluation tests (set by aggregate)
+        if ctx.state and "femam.level" in ctx.state:
+            self.restore(ctx.state)
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = {"femam.level": np.array(self.level), "femam.assign": self.assign, "femam.prev_assign": self.prev_assign,
+               "femam.kept": self.kept, "femam.level_rounds": np.array(self.level_rounds, dtype=np.int64),
+               **_groups_state("femam.groups", self.groups), **_groups_state("femam.prev_groups", self.prev_groups)}
+        for level, per_device in enumerate(self.val):
+            out[f"femam.val{level}.counts"] = np.array([len(v) for v in per_device], dtype=np.int64)
+            out[f"femam.val{level}.values"] = np.array([x for v in per_device for x in v], dtype=np.float64)
+            out[f"femam.mean_val{level}"] = np.array(self.mean_val[level], dtype=np.float64)
+        return out
+
+    def restore(self, state: Mapping[str, np.ndarray]) -> None:
+        self.level = int(state["femam.level"])
+        self.assign, self.prev_assign = np.array(state["femam.assign"]), np.array(state["femam.prev_assign"])
+        self.kept = np.array(state["femam.kept"])
+        self.level_rounds = [int(r) for r in state["femam.level_rounds"]]
+        self.groups = _groups_from("femam.groups", state)
+        self.prev_groups = _groups_from("femam.prev_groups", state)
+        for level in range(len(self.kinds)):
+            counts, values = state[f"femam.val{level}.counts"], state[f"femam.val{level}.values"].tolist()
+            ends = np.cumsum(counts).tolist()
+            self.val[level] = [values[end - int(c):end] for c, end in zip(counts, ends, strict=True)]
+            self.mean_val[level] = state[f"femam.mean_val{level}"].tolist()
 
     @property
     def first(self) -> bool:
@@ -242,10 +193,10 @@ class FemamRootStrategy(GlobalStrategy):
         return self.level_rounds[self.level] == 0
 
     # -- messages
-    def fit_message(self, server_round: int, parameters: Parameters) -> tuple[Parameters, dict[str, Scalar]]:
+    def fit_message(self, model: NDArrays) -> Message:
         kind = self.kinds[self.level]
         prev_kind = self.kinds[self.level - 1] if self.level else None
-        parts: dict[str, NDArrays] = {"model": self.current}
+        parts: dict[str, NDArrays] = {"model": model}
         if kind == CLUSTER:
             parts.update({f"g{k}": m for k, m in self.groups.items()})
             parts["assign"] = [self.assign]
@@ -255,30 +206,24 @@ class FemamRootStrategy(GlobalStrategy):
                 parts["prev_assign"] = [self.prev_assign]
             parts["keep"] = [self.kept[:, self.level - 1].copy()]
         parts["info"] = info_array(self.level, kind, self.first, prev_kind, self.prune)
-        arrays, meta = pack("parts", parts)
-        return ndarrays_to_parameters(arrays), meta
+        return pack("parts", parts)
 
-    def evaluate_message(self, server_round: int, parameters: Parameters) -> tuple[Parameters, dict[str, Scalar]]:
+    def evaluation_message(self, model: NDArrays) -> Message:
         view = self.eval_view or {"level": self.level, "groups": self.groups, "assign": self.assign, "decided": None}
         kind = self.kinds[view["level"]]
-        parts: dict[str, NDArrays] = {"gm": self.current}
+        parts: dict[str, NDArrays] = {"gm": model}
         if kind in (GLOBAL, CLUSTER):
-            parts.update({f"ctx_g{k}": m for k, m in (view["groups"] if kind == CLUSTER else {0: self.current}).items()})
+            parts.update({f"ctx_g{k}": m for k, m in (view["groups"] if kind == CLUSTER else {0: model}).items()})
             parts["ctx_assign"] = [view["assign"] if kind == CLUSTER else np.zeros(self.num_devices, dtype=np.int64)]
         decided = view["decided"]
         parts["ctx_info"] = info_array(view["level"], kind, decided is not None, None, self.prune)
         parts["ctx_keep"] = [decided if decided is not None else np.ones(self.num_devices, dtype=np.int64)]
-        arrays, meta = pack("parts", parts)
-        return ndarrays_to_parameters(arrays), meta
+        return pack("parts", parts)
 
     # -- aggregation
-    def aggregate_fit(self, server_round, results, failures):  # noqa: ANN001
-        self.server_round = server_round
-        return super().aggregate_fit(server_round, results, failures)
-
-    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
-        level, kind = self.level, self.kinds[self.level]
-        rows = np.concatenate([u.parts["val"][0] for u in self.last_accepted if "val" in u.parts])
+    def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:
+        level, kind, rnd = self.level, self.kinds[self.level], replies.round
+        rows = np.concatenate([u.parts["val"][0] for u in replies.updates if "val" in u.parts])
         rows = rows[np.argsort(rows[:, 0], kind="stable")]
         train_sizes = {int(r[0]): float(r[3]) for r in rows}
         losses = [float(r[1]) / float(r[2]) for r in rows]
@@ -286,17 +231,17 @@ class FemamRootStrategy(GlobalStrategy):
             self.val[level][int(r[0])].append(loss)
         self.mean_val[level].append(float(np.mean(losses)))
         if len(rows) < self.num_devices:
-            log.warning("femam round %d: %d of %d devices reported", self.server_round, len(rows), self.num_devices)
-        new = current
+            log.warning("femam round %d: %d of %d devices reported", rnd, len(rows), self.num_devices)
+        new = model
         if kind == GLOBAL:
-            new = mean_of(models, weights)
+            new = replies.mean()
         elif kind == CLUSTER:
-            relayed = {int(k[1:]): v for u in self.last_accepted for k, v in u.parts.items() if k.startswith("d") and k[1:].isdigit()}
+            relayed = {int(k[1:]): v for u in replies.updates for k, v in u.parts.items() if k.startswith("d") and k[1:].isdigit()}
             ids = sorted(relayed)
-            self.regroup(ids, [relayed[i] for i in ids], [train_sizes[i] for i in ids])
+            self.regroup(rnd, ids, [relayed[i] for i in ids], [train_sizes[i] for i in ids])
         self.level_rounds[level] += 1
         last = level == len(self.kinds) - 1
-        done = self.server_round >= self.num_rounds if last else \
+        done = rnd >= self.num_rounds if last else \
             self.schedule.level_done(level, self.level_rounds[level], self.mean_val[level])
         self.eval_view = {"level": level, "groups": self.groups, "assign": self.assign.copy(), "decided": None}
         if done and self.kept[0, level] == -1:
@@ -306,9 +251,9 @@ class FemamRootStrategy(GlobalStrategy):
                 self.advance(new)
         return new
 
-    def regroup(self, ids: list[int], models: list[NDArrays], weights: list[float]) -> None:
+    def regroup(self, rnd: int, ids: list[int], models: list[NDArrays], weights: list[float]) -> None:
         k = self.groups_per_level[self.level]
-        seed = derive_seed(self.seed, "femam-groups", self.server_round)
+        seed = derive_seed(self.seed, "femam-groups", rnd)
         if self.alg["assign"] == "nearest" and not self.first:
             labels = nearest_labels(models, self.groups)  # FeSEM: nearest of last round's centres
         else:
@@ -341,22 +286,133 @@ class FemamRootStrategy(GlobalStrategy):
         self.assign = np.zeros(self.num_devices, dtype=np.int64)
 
     def write_levels(self) -> None:
-        if self.recorder is None:
+        if self.run_dir is None:
             return
         record = {"levels": self.groups_per_level, "kinds": self.kinds, "rounds": self.level_rounds,
                   "prune": self.prune, "kept": {str(d): self.kept[d].tolist() for d in range(self.num_devices)}}
-        (self.recorder.run_dir / "femam_levels.json").write_text(json.dumps(record, indent=1))
+        (self.run_dir / "femam_levels.json").write_text(json.dumps(record, indent=1))
 
-    def root_evaluation(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         """The level this round trained (1-based) and the mean number of finished levels kept per client."""
         level = self.eval_view.get("level", self.level)
         kept = (self.kept == 1).sum(axis=1)
         return {"femam_level": float(level + 1), "femam_levels_kept_mean": float(kept.mean()) if len(kept) else 0.0}
 
 
-def build_node_strategy(alg: Mapping[str, Any], ctx: NodeContext) -> FemamNodeStrategy:
-    return FemamNodeStrategy(alg, ctx)
+# ---------------------------------------------------------------- the server
+class FemamServer(ServerRule):
+    """The root runs the schedule (FemamRoot). An inner node forwards the root's payload; the
+    lowest node hands each device its own start model (and the model to freeze), then relays
+    what the root needs: validation rows and, at cluster levels, every device's model."""
+
+    node_state = True
+
+    @classmethod
+    def check_config(cls, alg: Mapping[str, Any]) -> None:
+        check_config(alg)
+
+    @classmethod
+    def check_federation(cls, cfg: Mapping[str, Any], fed) -> None:  # noqa: ANN001 - hfl.data.Federation
+        check_federation(cfg, fed)
+
+    @classmethod
+    def evaluation_context(cls, state: Mapping[str, np.ndarray] | None) -> dict[str, NDArrays]:
+        """What a lowest server adds for its devices' PM: its team-level model, if it has one."""
+        model = team_model(state)
+        return {"ctx_node": model} if model is not None else {}
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        if ctx.is_root:
+            self.root = FemamRoot(ctx, super().start())
+            return
+        self.parts = ctx.payload.parts
+        self.info = parse_info(self.parts)
+        self.team = team_model(ctx.state)
+        self.mean: NDArrays | None = None
+        self.replies: Replies | None = None
+
+    def start(self) -> NDArrays:
+        return super().start() if self.ctx.is_root else self.parts["model"]
+
+    def fit_config(self) -> dict[str, Scalar]:
+        alg = self.alg
+        return {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "prox": alg["prox"],
+                "local_epochs": alg.get("local_epochs") or 0, "num_levels": len(alg["levels"]),
+                "femam_level": self.info["level"], "femam_kind": self.info["kind"],
+                "femam_first": int(self.info["first"]), "prune": self.info["prune"]}
+
+    def fit_message(self, rnd: int, model: NDArrays) -> Message:
+        if self.ctx.is_root:
+            return self.root.fit_message(model)
+        return pack("parts", self.parts)  # forwarded as received; the lowest node: per device, below
+
+    def child_message(self, rnd: int, message: Message, child: str) -> Message | None:
+        if not self.ctx.is_lowest:
+            return None
+        device = int(child)
+        parts = {"model": self.start_model(device)}
+        extra: dict[str, Scalar] = {}
+        if self.info["first"] and self.info["level"] > 1:
+            parts["freeze"] = self.frozen_model(device)
+            extra["femam_keep"] = int(self.parts["keep"][0][device])
+        arrays, meta = pack("parts", parts)
+        return arrays, {**meta, **extra}
+
+    def start_model(self, device: int) -> NDArrays:
+        kind, first = self.info["kind"], self.info["first"]
+        if kind == CLUSTER:
+            return self.parts[f"g{int(self.parts['assign'][0][device])}"]
+        if kind == TEAM and not first:
+            return self.team if self.team is not None else self.parts["model"]
+        if kind == PERSONAL and not first:
+            return []  # the device trains the model it keeps
+        return self.parts["model"]  # the global model; a new level starts as its copy
+
+    def frozen_model(self, device: int) -> NDArrays:
+        """The device's final model of the level that just ended."""
+        prev = self.info["prev_kind"]
+        if prev == CLUSTER:
+            return self.parts[f"p{int(self.parts['prev_assign'][0][device])}"]
+        if prev == TEAM:
+            if self.team is None:
+                raise RuntimeError("the team level ended but this server holds no team model")
+            return self.team
+        return self.parts["model"]  # the global level: the root's model stopped moving when it ended
+
+    def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:
+        if self.ctx.is_root:
+            return self.root.aggregate(model, replies)
+        self.replies = replies
+        self.mean = mean_of(replies.models, replies.weights)
+        return self.mean
+
+    def reply_parts(self) -> dict[str, NDArrays]:
+        rows, relay = [], {}
+        for update in self.replies.updates:
+            if "device_id" in update.metrics:
+                device = int(update.metrics["device_id"])
+                rows.append([device, float(update.metrics["val_loss_sum"]), int(update.metrics["val_n"]),
+                             update.num_examples])
+                if self.info["kind"] == CLUSTER:
+                    relay[f"d{device:06d}"] = update.model
+            else:
+                rows.extend(update.parts["val"][0].tolist())
+                relay.update({k: v for k, v in update.parts.items() if k.startswith("d") and k[1:].isdigit()})
+        return {"val": [np.asarray(rows, dtype=np.float64).reshape(-1, VAL_COLUMNS)], **relay}
+
+    def state(self) -> dict[str, np.ndarray]:
+        if self.ctx.is_root:
+            return self.root.state()
+        # A lowest server keeps its team-level model (the mean of its devices while that level trains).
+        model = self.mean if self.ctx.is_lowest and self.info["kind"] == TEAM else self.team
+        return {f"team_{i}": a for i, a in enumerate(model)} if model is not None else {}
+
+    def evaluation_message(self, model: NDArrays) -> Message:
+        return self.root.evaluation_message(model)
+
+    def evaluation_metrics(self, model: NDArrays) -> dict[str, float]:
+        return self.root.metrics()
 
 
-def build_root_strategy(cfg: Mapping[str, Any], initial: NDArrays, **common: Any) -> FemamRootStrategy:
-    return FemamRootStrategy(cfg, initial, **common)
+SERVER = FemamServer

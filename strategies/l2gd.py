@@ -22,13 +22,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flwr.common import NDArrays
+from flwr.common import Scalar
 
 from hfl.errors import ConfigError
 from hfl.personal import check_keys
-from strategies.mean import MeanTeamStrategy, mean_servers
-
-_, build_global_strategy = mean_servers()
+from strategies.fedavg import FedAvgServer
 
 
 def step_sizes(alg: Mapping[str, Any]) -> dict[str, float]:
@@ -51,15 +49,15 @@ def step_sizes(alg: Mapping[str, Any]) -> dict[str, float]:
     return sizes
 
 
-class L2GDTeamStrategy(MeanTeamStrategy):
-    def __init__(self, parent: NDArrays, alg: Mapping[str, Any]) -> None:
-        super().__init__(parent, alg)
-        self.fit_config.update(step_sizes(alg))
+class L2GDServer(FedAvgServer):
+    """FedAvg's means; the servers also send the devices the step sizes."""
+
+    @classmethod
+    def check_config(cls, alg: Mapping[str, Any]) -> None:
+        step_sizes(alg)
+
+    def fit_config(self) -> dict[str, Scalar]:
+        return {**super().fit_config(), **step_sizes(self.alg)}
 
 
-def build_team_strategy(alg: Mapping[str, Any], parent: NDArrays) -> L2GDTeamStrategy:
-    return L2GDTeamStrategy(parent, alg)
-
-
-def check_config(alg: Mapping[str, Any]) -> None:
-    step_sizes(alg)
+SERVER = L2GDServer

@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from flwr.common import NDArrays
 
-from strategies.fedavg import FedAvgGlobalStrategy, FedAvgTeamStrategy
+from hfl.algorithm import Replies
+from strategies.fedavg import FedAvgServer
 
 
-class KeepTeamStrategy(FedAvgTeamStrategy):
-    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
-        return current
+class KeepServer(FedAvgServer):
+    def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:
+        return model
 
 
-class KeepGlobalStrategy(FedAvgGlobalStrategy):
-    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
-        return current
-
-
-def build_team_strategy(alg: Mapping[str, Any], parent: NDArrays) -> KeepTeamStrategy:
-    return KeepTeamStrategy(parent, alg)
-
-
-def build_global_strategy(alg: Mapping[str, Any], initial: NDArrays, **common: Any) -> KeepGlobalStrategy:
-    return KeepGlobalStrategy(initial, alg, **common)
+SERVER = KeepServer

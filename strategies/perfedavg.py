@@ -1,6 +1,11 @@
 """Per-FedAvg servers: FedAvg's weighted means of the meta-models; the devices also get
 beta, the variant (fo/hf) and delta."""
 
-from strategies.mean import mean_servers
+from strategies.fedavg import FedAvgServer
 
-build_team_strategy, build_global_strategy = mean_servers("beta", "variant", "delta")
+
+class PerFedAvgServer(FedAvgServer):
+    keys = ("beta", "variant", "delta")
+
+
+SERVER = PerFedAvgServer

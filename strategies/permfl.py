@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import TypeVar
 
-from flwr.common import NDArrays
+from flwr.common import NDArrays, Scalar
 
-from hfl.aggregate import mean_of
-from strategies.base import GlobalStrategy, TeamStrategy
+from hfl.algorithm import Replies, ServerRule
 
 T = TypeVar("T")
 
@@ -24,34 +23,21 @@ def global_update(x: Sequence[T], w_bar: Sequence[T], beta: float, gamma: float)
     return [(1.0 - beta * gamma) * xi + beta * gamma * wi for xi, wi in zip(x, w_bar, strict=True)]
 
 
-class PerMFLTeamStrategy(TeamStrategy):
-    def __init__(self, parent: NDArrays, alg: Mapping[str, Any]) -> None:
+class PerMFLServer(ServerRule):
+    """Algorithm 1: a team moves by ``team_update`` toward its devices' mean and its parent's
+    model x; the root by ``global_update`` toward the teams' mean."""
+
+    def fit_config(self) -> dict[str, Scalar]:
+        alg = self.alg
         prox = alg["local_steps"] if alg.get("prox_slip") else alg["lam"]
-        super().__init__(
-            parent,
-            {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "prox_coefficient": prox},
-            min_fit_fraction=alg.get("min_fit_fraction", 1.0),
-        )
-        self.alg = alg
+        return {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "prox_coefficient": prox}
 
-    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
-        theta_bar = mean_of(models, weights if self.alg["weighted"] else None)
-        return team_update(current, self.parent, theta_bar, self.alg["eta"], self.alg["lam"], self.alg["gamma"])
+    def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:
+        alg = self.alg
+        mean = replies.mean(bool(alg["weighted"]))
+        if self.ctx.is_root:
+            return global_update(model, mean, alg["beta"], alg["gamma"])
+        return team_update(model, self.ctx.payload.main, mean, alg["eta"], alg["lam"], alg["gamma"])
 
 
-class PerMFLGlobalStrategy(GlobalStrategy):
-    def __init__(self, initial: NDArrays, alg: Mapping[str, Any], **common: Any) -> None:
-        super().__init__(initial, **common)
-        self.alg = alg
-
-    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
-        w_bar = mean_of(models, weights if self.alg["weighted"] else None)
-        return global_update(current, w_bar, self.alg["beta"], self.alg["gamma"])
-
-
-def build_team_strategy(alg: Mapping[str, Any], parent: NDArrays) -> PerMFLTeamStrategy:
-    return PerMFLTeamStrategy(parent, alg)
-
-
-def build_global_strategy(alg: Mapping[str, Any], initial: NDArrays, **common: Any) -> PerMFLGlobalStrategy:
-    return PerMFLGlobalStrategy(initial, alg, **common)
+SERVER = PerMFLServer

@@ -5,16 +5,11 @@ the team ones (pFedMe's server, which pFedBayes's code inherits)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import numpy as np
 from flwr.common import NDArrays
 
-from strategies.mean import mean_servers
-from strategies.pfedme import BetaGlobalStrategy
-
-build_team_strategy, _ = mean_servers("personal_lr", "zeta", "personal_steps", "noise_scale")
+from hfl.algorithm import model_from_state
+from strategies.pfedme import PFedMeServer
 
 
 def bayesian_initial(initial: NDArrays, rho_offset: float) -> NDArrays:
@@ -22,5 +17,14 @@ def bayesian_initial(initial: NDArrays, rho_offset: float) -> NDArrays:
     return [*initial, *[np.full_like(a, rho_offset) for a in initial]]
 
 
-def build_global_strategy(alg: Mapping[str, Any], initial: NDArrays, **common: Any) -> BetaGlobalStrategy:
-    return BetaGlobalStrategy(bayesian_initial(initial, float(alg["rho_offset"])), alg, **common)
+class PFedBayesServer(PFedMeServer):
+    keys = ("personal_lr", "zeta", "personal_steps", "noise_scale")
+
+    def start(self) -> NDArrays:
+        if self.ctx.is_root:  # the distribution the root stored, or the initial weights as means
+            stored = model_from_state(self.ctx.state)
+            return stored or bayesian_initial(self.ctx.payload.main, float(self.alg["rho_offset"]))
+        return super().start()
+
+
+SERVER = PFedBayesServer

@@ -21,18 +21,18 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from flwr.common import NDArrays
+from flwr.common import NDArrays, Scalar
 
 from hfl import nodeopt
-from hfl.aggregate import mean_of
 from hfl.errors import ConfigError
 from hfl.models import build_model
-from hfl.node import NodeContext, federation_for, model_classes
+from hfl.algorithm import NodeContext, Replies, ServerRule, model_from_state
+from hfl.node import model_classes
 from hfl.personal import check_keys, head_mask
 from hfl.sampling import sample_size
-from strategies.base import GlobalStrategy, TeamStrategy
 
 OPTIMIZERS = ("adam", "sgd")
+OPT = "opt."  # the root's optimiser state in its stored state
 # The authors' Adam (optax defaults); nodeopt's bias-corrected step puts eps inside the corrected
 # rate (Kingma & Ba's "efficient" form), which differs from optax only in eps' scale.
 ADAM = {"optimizer": "adam", "beta1": 0.9, "beta2": 0.999, "tau": 1e-8, "bias_correction": True}
@@ -142,49 +142,61 @@ def num_sampled(cfg: Mapping[str, Any], num_devices: int) -> int:
     return sample_size(num_devices, float(cfg["algorithm"]["sample_fraction"]))
 
 
-# ---------------------------------------------------------------- servers
-class PflegoNodeStrategy(TeamStrategy):
-    """An inner node: the N-weighted mean of its children's gradients (its reply is a gradient)."""
+# ---------------------------------------------------------------- the server
+class PflegoServer(ServerRule):
+    """An inner node: the N-weighted mean of its children's gradients (its reply is a gradient).
+    The root: its optimiser's step on the sampled devices' gradients (adam or eq. 4's sgd), on
+    the body alone, the optimiser's state kept in the store with it."""
 
     reply_kind = "gradient"
 
-    def __init__(self, alg: Mapping[str, Any], ctx: NodeContext) -> None:
-        devices = len(ctx.fed.devices)
-        head_lr = float(alg["server_lr"]) * devices / num_sampled(ctx.cfg, devices)
-        config = {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "head_lr": head_lr,
-                  "seed": int(ctx.cfg["seed"]), "fit_test": bool(alg.get("fit_test", True))}
-        super().__init__(ctx.payload.main, config, min_fit_fraction=alg.get("min_fit_fraction", 1.0))
+    @classmethod
+    def check_config(cls, alg: Mapping[str, Any]) -> None:
+        check_config(alg)
 
-    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
-        return mean_of(models, weights)
+    @classmethod
+    def check_federation(cls, cfg: Mapping[str, Any], fed) -> None:  # noqa: ANN001 - hfl.data.Federation
+        check_federation(cfg, fed)
 
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.num_devices = len(ctx.fed.devices) if ctx.fed is not None else 0
+        if ctx.is_root:
+            self.optimizer = optimizer_spec(ctx.alg)
+            self.num_sampled = num_sampled(ctx.cfg, self.num_devices)
+            self.total_examples = sum(len(d.y_train) for d in ctx.fed.devices)
+            stored = {k[len(OPT):]: v for k, v in (ctx.state or {}).items() if k.startswith(OPT)}
+            self.opt_state: dict[str, np.ndarray] = stored or nodeopt.init_state([])
 
-class PflegoRootStrategy(GlobalStrategy):
-    """The root: its optimiser's step on the sampled devices' gradients (adam or eq. 4's sgd)."""
+    def start(self) -> NDArrays:
+        if not self.ctx.is_root:
+            return super().start()
+        ctx = self.ctx
+        stored = model_from_state(ctx.state)
+        if stored is not None:
+            return stored
+        model = build_model(ctx.cfg["model"], ctx.fed.input_shape, model_classes(ctx.cfg, ctx.fed))
+        return body_arrays(ctx.payload.main, [n for n, _ in model.named_parameters()])
 
-    def __init__(self, cfg: Mapping[str, Any], initial: NDArrays, **common: Any) -> None:
-        fed = federation_for(cfg)
-        names = [n for n, _ in build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed)).named_parameters()]
-        super().__init__(body_arrays(initial, names), **common)
-        self.optimizer = optimizer_spec(cfg["algorithm"])
-        self.num_devices = len(fed.devices)
-        self.num_sampled = num_sampled(cfg, self.num_devices)
-        self.total_examples = sum(len(d.y_train) for d in fed.devices)
-        self.state: dict[str, np.ndarray] = nodeopt.init_state(self.initial)
+    def fit_config(self) -> dict[str, Scalar]:
+        alg = self.alg
+        head_lr = float(alg["server_lr"]) * self.num_devices / num_sampled(self.ctx.cfg, self.num_devices)
+        return {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "head_lr": head_lr,
+                "seed": int(self.ctx.cfg["seed"]), "fit_test": bool(alg.get("fit_test", True))}
 
-    def aggregate(self, current: NDArrays, models: list[NDArrays], weights: list[int]) -> NDArrays:
-        mean = mean_of(models, weights)
+    def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:
+        mean = replies.mean()
+        if not self.ctx.is_root:
+            return mean
         if self.optimizer["optimizer"] == "sgd":
-            scale = gradient_step_scale(sum(weights), self.total_examples, self.num_devices, self.num_sampled)
+            scale = gradient_step_scale(sum(replies.weights), self.total_examples, self.num_devices, self.num_sampled)
         else:  # the authors' code: alpha normalised over the sampled devices, times I/r
             scale = self.num_devices / self.num_sampled
-        theta, self.state = root_step(self.optimizer, current, mean, scale, self.state)
+        theta, self.opt_state = root_step(self.optimizer, model, mean, scale, self.opt_state)
         return theta
 
+    def state(self) -> dict[str, np.ndarray]:
+        return {f"{OPT}{k}": v for k, v in self.opt_state.items()} if self.ctx.is_root else {}
 
-def build_node_strategy(alg: Mapping[str, Any], ctx: NodeContext) -> PflegoNodeStrategy:
-    return PflegoNodeStrategy(alg, ctx)
 
-
-def build_root_strategy(cfg: Mapping[str, Any], initial: NDArrays, **common: Any) -> PflegoRootStrategy:
-    return PflegoRootStrategy(cfg, initial, **common)
+SERVER = PflegoServer

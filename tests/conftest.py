@@ -37,3 +37,27 @@ def small_cfg():
         return compose_cfg(*SMALL, *overrides)
 
     return make
+
+
+def node_strategy(server, parent, alg: dict, *, path: str = "0", depth: int = 2):  # noqa: ANN001, ANN201
+    """An inner node's Flower strategy over ``server`` (a ServerRule class), built from its
+    parent's model alone, as a call of the node would build it."""
+    from hfl.algorithm import NodeContext
+    from hfl.payload import Payload
+    from hfl.server import NodeStrategy
+
+    ctx = NodeContext({"algorithm": alg, "seed": 0}, path, depth, Payload("model", {"model": parent}), None, None)
+    return NodeStrategy(server(ctx), float(alg.get("min_fit_fraction", 1.0)))
+
+
+def root_strategy(server, initial, alg: dict, store_dir, **common):  # noqa: ANN001, ANN201
+    """The root's Flower strategy over ``server``, its state in a store at ``store_dir``."""
+    from hfl.algorithm import NodeContext
+    from hfl.payload import Payload
+    from hfl.root import RootStrategy
+    from hfl.store import StateStore
+
+    def make_rule(state):  # noqa: ANN001, ANN202
+        return server(NodeContext({"algorithm": alg, "seed": 0}, "", 2, Payload("model", {"model": initial}), state, None))
+
+    return RootStrategy(make_rule, StateStore(store_dir), **common)

@@ -39,13 +39,11 @@ from hfl.device import DeviceRuntime
 from hfl.errors import ConfigError
 from hfl.personal import head_mask, masked_sgd_step, mix, splice
 from hfl.training import BatchSampler
-from strategies.demlearn import DemLearnTeamStrategy
+from strategies.demlearn import DemLearnServer
 from strategies.l2gd import step_sizes
-from strategies.pfedbayes import bayesian_initial
-from strategies.pfedbayes import build_global_strategy as pfedbayes_global
-from strategies.pfedme import build_global_strategy as pfedme_global
-from strategies.pfedme import build_team_strategy as pfedme_team
-from tests.conftest import compose_cfg
+from strategies.pfedbayes import PFedBayesServer, bayesian_initial
+from strategies.pfedme import PFedMeServer
+from tests.conftest import compose_cfg, node_strategy, root_strategy
 from tests.test_strategies import Proxy, _manager
 
 
@@ -179,19 +177,19 @@ def _fit_res(value: float, n: int, **metrics) -> FitRes:
     return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays([value])), n, metrics)
 
 
-def test_flat_pfedme_two_tiers_equal_one_weighted_mean_over_all_devices():
+def test_flat_pfedme_two_tiers_equal_one_weighted_mean_over_all_devices(tmp_path):
     alg = {"alpha": 0.1, "local_steps": 1, "lam": 15.0, "personal_lr": 0.01, "inner_steps": 5, "beta": 0.5,
            "weighted": True}
     x = arrays([2.0])
     devices = [[(1.0, 10), (4.0, 30)], [(10.0, 60)]]  # (device model, samples) per team
     team_models = []
     for t, team in enumerate(devices):
-        strategy = pfedme_team(alg, x)
+        strategy = node_strategy(PFedMeServer, x, alg)
         strategy.configure_fit(1, ndarrays_to_parameters(x), client_manager=_manager())
         results = [(Proxy(str(i)), _fit_res(v, n, device_id=i)) for i, (v, n) in enumerate(team)]
         params, _ = strategy.aggregate_fit(1, results, [])
         team_models.append((parameters_to_ndarrays(params)[0][0], sum(n for _, n in team)))
-    server = pfedme_global(alg, x, num_teams=2, num_rounds=1)
+    server = root_strategy(PFedMeServer, x, alg, tmp_path, num_teams=2, num_rounds=1)
     server._round = dict.fromkeys(("failures", "bytes_up_global", "bytes_down_team", "bytes_up_team", "compute_seconds"), 0)
     results = [(Proxy(f"t{t}"), _fit_res(v, n, team_id=t)) for t, (v, n) in enumerate(team_models)]
     got = parameters_to_ndarrays(server.aggregate_fit(1, results, [])[0])[0]
@@ -201,14 +199,14 @@ def test_flat_pfedme_two_tiers_equal_one_weighted_mean_over_all_devices():
 
 def test_pfedme_team_sends_its_hyper_parameters():
     alg = {"alpha": 0.1, "local_steps": 3, "lam": 15.0, "personal_lr": 0.01, "inner_steps": 5, "weighted": True}
-    config = pfedme_team(alg, arrays([0.0])).fit_config
+    config = node_strategy(PFedMeServer, arrays([0.0]), alg).fit_config
     assert {k: config[k] for k in ("lam", "personal_lr", "inner_steps", "local_steps", "alpha")} == {
         "lam": 15.0, "personal_lr": 0.01, "inner_steps": 5, "local_steps": 3, "alpha": 0.1}
 
 
 def test_demlearn_team_specializes_between_rounds_and_sends_the_plain_mean_up():
     alg = {"alpha": 0.1, "local_steps": 1, "team_rounds": 2, "mu": 0.0, "mix": 0.6, "weighted": False}
-    strategy = DemLearnTeamStrategy(arrays([10.0]), alg)
+    strategy = node_strategy(DemLearnServer, arrays([10.0]), alg)
     results = [(Proxy("a"), _fit_res(0.0, 1, device_id=0)), (Proxy("b"), _fit_res(4.0, 3, device_id=1))]
     for rnd, want in ((1, 0.4 * 2 + 0.6 * 10), (2, 2.0)):  # mean 2 (uniform); mixed with the parent 10
         strategy.configure_fit(rnd, ndarrays_to_parameters(arrays([1.0])), client_manager=_manager())
@@ -313,13 +311,15 @@ def test_pfedbayes_group_draws_each_devices_batches_and_noise_in_its_own_order()
                     assert torch.equal(noise[j][s, k, d], torch.randn(shape, generator=sampler.generator))
 
 
-def test_pfedbayes_global_model_carries_means_and_rhos():
+def test_pfedbayes_global_model_carries_means_and_rhos(tmp_path):
     initial = arrays([[1.0, 2.0]], [3.0])
     model = bayesian_initial(initial, -3.0)
     assert [a.shape for a in model] == [(1, 2), (1,), (1, 2), (1,)]
     np.testing.assert_array_equal(model[2], [[-3.0, -3.0]])
-    strategy = pfedbayes_global({"rho_offset": -3.0, "beta": 1.0, "weighted": True}, initial, num_teams=1, num_rounds=1)
-    assert len(strategy.initial) == 4
+    strategy = root_strategy(PFedBayesServer, initial, {"rho_offset": -3.0, "beta": 1.0, "weighted": True}, tmp_path,
+                             num_teams=1, num_rounds=1)
+    assert len(strategy.current) == 4
+    np.testing.assert_array_equal(strategy.current[2], [[-3.0, -3.0]])
 
 
 # ---- config checks ---------------------------------------------------------------------------

@@ -17,12 +17,14 @@ from torch import nn
 from clients.fedavg import sgd_step
 from clients.femam import FemamClient
 from clients.permfl import device_step
+from hfl.algorithm import model_from_state
 from hfl.config import check_model_buffers
 from hfl.device import DeviceRuntime
 from hfl.errors import ConfigError
 from hfl.models import CNN, MCLR, build_model
 from hfl.payload import pack
 from hfl.simulate import run
+from hfl.store import StateStore
 from hfl.training import BatchSampler, LocalTrainer, run_local_steps, to_ndarrays, to_tensors
 from strategies import femam_rules as rules
 from tests.conftest import compose_cfg
@@ -211,8 +213,7 @@ def tiny_image_run(root: Path, *overrides: str) -> list[str]:
 
 
 def global_model(run_dir: Path) -> list[np.ndarray]:
-    with (run_dir / "checkpoints" / "resume.pkl").open("rb") as f:
-        return pickle.load(f).strategy["current"]
+    return model_from_state(StateStore(run_dir / "state").load("node-root"))  # the root's, after the last round
 
 
 def running_vars(model: list[np.ndarray]) -> list[np.ndarray]:

@@ -36,6 +36,8 @@ from hfl.node import device_runtime, federation_for, initial_model
 from hfl.simulate import run
 from hfl.store import StateStore
 from hfl.training import LocalTrainer
+from strategies.permfl import PerMFLServer
+from tests.conftest import node_strategy
 
 
 def job(tmp_path, **kw) -> TeamJob:
@@ -73,14 +75,13 @@ def test_usable_replies_drop_foreign_and_repeated_devices(tmp_path) -> None:
 def test_fit_run_counts_missing_devices_against_min_fraction(tmp_path) -> None:
     alg = {"alpha": 0.1, "local_steps": 1, "eta": 0.5, "lam": 1.0, "gamma": 1.0, "weighted": False}
     parent = [np.ones(2, dtype=np.float32)]
-    strategy = load_module({"strategy": "strategies.permfl"}, "strategy")
     # min_fit_fraction 1: one of two devices missing stops the run, loudly
-    full = TeamFitRun(strategy.build_team_strategy({**alg, "min_fit_fraction": 1.0}, parent), job(tmp_path), rounds=1)
+    full = TeamFitRun(node_strategy(PerMFLServer, parent, {**alg, "min_fit_fraction": 1.0}), job(tmp_path), rounds=1)
     full.inner.current = parent
     with pytest.raises(RuntimeError, match="1 of 2 devices missing"):
         full.aggregate_fit(1, [reply(3, [np.full(2, 3.0, dtype=np.float32)])], [])
     # min_fit_fraction 0.5: the round goes on with the device that answered, result written
-    half = TeamFitRun(strategy.build_team_strategy({**alg, "min_fit_fraction": 0.5}, parent), job(tmp_path), rounds=1)
+    half = TeamFitRun(node_strategy(PerMFLServer, parent, {**alg, "min_fit_fraction": 0.5}), job(tmp_path), rounds=1)
     half.inner.current = parent
     params, _ = half.aggregate_fit(1, [reply(3, [np.full(2, 3.0, dtype=np.float32)])], [])
     # team_update: (1 - .5 - .5) w + .5 x + .5 theta_bar = .5 * 1 + .5 * 3 = 2

@@ -15,15 +15,18 @@ from flwr.common import GetPropertiesIns, GetPropertiesRes, ndarrays_to_paramete
 from torch.func import functional_call
 
 from hfl.aggregate import mean_of, nbytes
+from hfl.algorithm import NodeContext
 from hfl.device import stored_device_states
 from hfl.errors import ConfigError
 from hfl.models import MLP
-from hfl.node import device_data, federation_for, model_classes
+from hfl.node import device_data, federation_for, initial_model, model_classes
+from hfl.payload import Payload
+from hfl.recorder import fit_test_metrics
+from hfl.root import RootStrategy
 from hfl.sampling import DeviceDraw, sample_devices
 from hfl.simulate import run
 from hfl.store import StateStore
 from strategies import pflego
-from strategies.base import fit_test_metrics
 from tests.conftest import compose_cfg
 
 # 12 devices of synthetic data dealt round-robin, 2 classes each; tiny MLP body.
@@ -148,12 +151,14 @@ class _Proxy:
         return GetPropertiesRes(status=None, properties={"path": self.path})
 
 
-def test_root_calls_only_the_subtrees_holding_a_drawn_device():
+def test_root_calls_only_the_subtrees_holding_a_drawn_device(tmp_path):
     cfg = cfg_of("topology.fanout=[3,4]")
-    strategy = pflego.build_root_strategy(cfg, [np.zeros(1)] * 4, num_teams=3, num_rounds=5,
-                                          device_sampling=DeviceDraw(12, 0.25, 0, {"0": frozenset(range(4)),
-                                                                                  "1": frozenset(range(4, 8)),
-                                                                                  "2": frozenset(range(8, 12))}))
+    fed = federation_for(cfg)
+    initial = Payload("model", {"model": initial_model(cfg, fed)})
+    strategy = RootStrategy(lambda state: pflego.SERVER(NodeContext(cfg, "", 2, initial, state, fed)),
+                            StateStore(tmp_path), num_teams=3, num_rounds=5,
+                            device_sampling=DeviceDraw(12, 0.25, 0, {"0": frozenset(range(4)), "1": frozenset(range(4, 8)),
+                                                                     "2": frozenset(range(8, 12))}))
     proxies = [_Proxy("77", "2"), _Proxy("12", "0"), _Proxy("5", "1")]
     seen_skip = False
     for rnd in range(1, 6):

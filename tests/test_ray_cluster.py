@@ -20,7 +20,7 @@ from hfl.errors import ConfigError
 from hfl.resume import STATE_KEY
 from hfl.simulate import cluster_state_warning, run
 from hfl.store import StateStore
-from strategies.base import GlobalStrategy
+from hfl.root import RootStrategy
 from tests.conftest import SMALL, compose_cfg
 
 TIMING = ("seconds", "compute_seconds")  # wall clock: the only fields allowed to differ
@@ -141,7 +141,7 @@ def test_two_node_ray_cluster_equals_a_fresh_single_node_instance(ray_cluster, t
     assert len(nodes) == 2
     # Which Ray node ran each team's fit, as the root saw the replies.
     ran_on: dict[int, dict[int, str]] = {}
-    aggregate_fit = GlobalStrategy.aggregate_fit
+    aggregate_fit = RootStrategy.aggregate_fit
 
     def recording(self, server_round, results, failures):  # noqa: ANN001, ANN202
         ran_on[server_round] = {int(res.metrics["team_id"]): str(res.metrics["ray_node"]) for _, res in results}
@@ -150,7 +150,7 @@ def test_two_node_ray_cluster_equals_a_fresh_single_node_instance(ray_cluster, t
     shared = tmp_path / "shared-state"  # stands for the directory every Ray node mounts
     cfg = compose_cfg(*CLUSTER_RUN, f"runtime.ray_address={ray_cluster.address}", f"runtime.state_dir={shared}")
     with monkeypatch.context() as patch:
-        patch.setattr(GlobalStrategy, "aggregate_fit", recording)
+        patch.setattr(RootStrategy, "aggregate_fit", recording)
         patch.setattr(hfl.simulate, "make_client_app",
                       lambda cfg: ClientApp(client_fn=functools.partial(_team_client_telling_its_ray_node, cfg)))
         with caplog.at_level(logging.WARNING, logger="hfl"):

@@ -19,7 +19,7 @@ from hfl.errors import ConfigError
 from hfl.resume import CHECKPOINT, read_checkpoint
 from hfl.simulate import run
 from hfl.store import PREVIOUS, StateStore, version_of
-from strategies.base import GlobalStrategy
+from hfl.root import RootStrategy
 from tests.conftest import SMALL, compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,14 +135,14 @@ def test_untagged_store_keeps_one_version(tmp_path):
 # ---------------------------------------------------------------- in-process: killed by an exception
 def _killed_at(monkeypatch: pytest.MonkeyPatch, where: str, rnd: int) -> None:
     if where == "fit":  # every node of round rnd has saved its state, the root has not aggregated
-        original = GlobalStrategy.aggregate_fit
+        original = RootStrategy.aggregate_fit
 
         def aggregate_fit(self, server_round, results, failures):  # noqa: ANN001, ANN202
             if server_round == rnd:
                 raise Killed
             return original(self, server_round, results, failures)
 
-        monkeypatch.setattr(GlobalStrategy, "aggregate_fit", aggregate_fit)
+        monkeypatch.setattr(RootStrategy, "aggregate_fit", aggregate_fit)
     else:  # round rnd's metrics and samples rows are written, its checkpoint is not
         original = recorder_module.write_checkpoint
 

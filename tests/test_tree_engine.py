@@ -21,7 +21,7 @@ from hfl.sampling import sample_children, sample_size
 from hfl.simulate import run
 from hfl.store import StateStore
 from hfl.tree_node import model_from_state, node_key
-from strategies.base import accept_results
+from hfl.server import accept_results
 from tests.conftest import SMALL, compose_cfg
 
 BASE = [*SMALL, "runtime=inprocess", "global_rounds=2", "algorithm.local_steps=3", "dataset.max_samples=200"]
@@ -247,11 +247,12 @@ def test_samples_are_reproducible_and_seeded(runs):
     assert asked(first) != asked(other)
 
 
-def test_samples_are_recorded_in_team_order_whatever_the_arrival_order():
-    from strategies.fedavg import FedAvgGlobalStrategy
+def test_samples_are_recorded_in_team_order_whatever_the_arrival_order(tmp_path):
+    from strategies.fedavg import FedAvgServer
+    from tests.conftest import root_strategy
 
     x = [np.zeros(2, dtype=np.float32)]
-    strategy = FedAvgGlobalStrategy(x, {"weighted": True}, num_teams=2, num_rounds=1)
+    strategy = root_strategy(FedAvgServer, x, {"weighted": True}, tmp_path, num_teams=2, num_rounds=1)
     strategy._round = {k: 0 for k in ("failures", "bytes_up_global", "bytes_down_team", "bytes_up_team",
                                       "compute_seconds")}
     records = {t: json.dumps([{"node": f"{t}.0", "round": "1.1.1", "asked": [f"00000{t}"]}]) for t in (0, 1)}

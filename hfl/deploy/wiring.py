@@ -10,13 +10,16 @@ from flwr.client import Client
 from flwr.common import Context
 from flwr.server import ServerAppComponents, ServerConfig
 
-from hfl.config import load_module
+from hfl.algorithm import NodeContext
+from hfl.config import load_server
 from hfl.deploy.bridge import BridgeSettings, TeamBridge
 from hfl.deploy.control import ControlClient
 from hfl.deploy.device import device_client
 from hfl.deploy.jobs import TeamJob, load_arrays
 from hfl.deploy.team_run import TeamEvaluationRun, TeamFitRun
 from hfl.node import federation_for
+from hfl.payload import Payload
+from hfl.server import NodeStrategy
 
 TIERS = ("global", "team")
 ROLES = ("team", "device")
@@ -48,7 +51,12 @@ def team_server_components(cfg: Mapping, context: Context) -> ServerAppComponent
     job = TeamJob.load(str(context.run_config["job"]))
     alg, runtime = cfg["algorithm"], cfg["runtime"]
     if job.action == "fit":
-        inner = load_module(alg, "strategy").build_team_strategy(alg, load_arrays(job.parent))
+        # The team host's node: the algorithm's rule at level 1 of a three-tier tree, from its
+        # parent's model alone (hfl.config refuses algorithms whose nodes need more there). A team
+        # host need not hold the data, so its context has no federation.
+        parent = Payload("model", {"model": load_arrays(job.parent)})
+        rule = load_server(alg)(NodeContext(cfg, str(job.team_id), 2, parent, None, None))
+        inner = NodeStrategy(rule, float(alg.get("min_fit_fraction", 1.0)))
         rounds = int(alg["team_rounds"])
         strategy = TeamFitRun(inner, job, rounds)
     else:
