@@ -141,9 +141,6 @@ def validate(cfg: Mapping) -> None:
     _number(cfg, "algorithm.local_steps", minimum=1, integer=True)
     _number(cfg, "algorithm.alpha", minimum=0, strict=True)
     alg = cfg["algorithm"]
-    for key in ("eta", "lam", "gamma", "beta"):
-        if key in alg:
-            _number(cfg, f"algorithm.{key}", minimum=0)
     if "min_fit_fraction" in alg:
         _number(cfg, "algorithm.min_fit_fraction", minimum=0, strict=True)
         if alg["min_fit_fraction"] > 1:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 from flwr.common import NDArrays, Scalar
 
 from hfl.algorithm import Replies, ServerRule
+from hfl.personal import check_keys
 
 T = TypeVar("T")
 
@@ -26,6 +27,10 @@ def global_update(x: Sequence[T], w_bar: Sequence[T], beta: float, gamma: float)
 class PerMFLServer(ServerRule):
     """Algorithm 1: a team moves by ``team_update`` toward its devices' mean and its parent's
     model x; the root by ``global_update`` toward the teams' mean."""
+
+    @classmethod
+    def check_config(cls, alg: Mapping[str, Any]) -> None:
+        check_keys(alg, eta={"minimum": 0}, lam={"minimum": 0}, gamma={"minimum": 0}, beta={"minimum": 0})
 
     def fit_config(self) -> dict[str, Scalar]:
         alg = self.alg
