@@ -116,7 +116,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def build_jobs(args: argparse.Namespace) -> list[Job]:
     """One Job per (setting, variant, seed); Job.algorithm holds the variant name."""
-    simulate = tool("hfl-simulate", "hfl.simulate")
+    simulate = tool("hfl-simulate", "hfl.runtime.simulate")
     jobs = []
     for setting in args.settings:
         for variant in args.variants:

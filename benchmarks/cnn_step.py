@@ -1,6 +1,6 @@
 """One batched training step of PerMFL's MNIST CNN for D devices: ``torch.func.vmap`` over the
-module (hfl.batched.functional_batched_loss_and_grad) against the grouped-convolution form the
-batched path uses (hfl.grouped_cnn), medians of timed steps, and how far their gradients differ.
+module (hfl.accel.batched.functional_batched_loss_and_grad) against the grouped-convolution form the
+batched path uses (hfl.accel.grouped_cnn), medians of timed steps, and how far their gradients differ.
 
     .venv/bin/python benchmarks/cnn_step.py                       # the CPU, D = 4
     python3 benchmarks/cnn_step.py --device cuda --devices 10,40  # a GPU (benchmarks/device/)
@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hfl.batched import functional_batched_loss_and_grad  # noqa: E402
-from hfl.grouped_cnn import cnn_batched_loss_and_grad  # noqa: E402
+from hfl.accel.batched import functional_batched_loss_and_grad  # noqa: E402
+from hfl.accel.grouped_cnn import cnn_batched_loss_and_grad  # noqa: E402
 from hfl.models import CNN  # noqa: E402
-from hfl.training import LocalTrainer  # noqa: E402
+from hfl.device.training import LocalTrainer  # noqa: E402
 
 
 def timed(step, params, x, y, w, repeats: int, sync) -> float:  # noqa: ANN001

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hfl.apps import compose_config
+from hfl.runtime.apps import compose_config
 from hfl.deploy.loopback import Deployment
-from hfl.node import federation_for
-from hfl.simulate import run
+from hfl.runtime.build import federation_for
+from hfl.runtime.simulate import run
 
 BASE = ["topology.num_teams=2", "topology.devices_per_team=2", "dataset.max_samples=300", "dataset.batch_size=32",
         "algorithm.local_steps=5", "algorithm.alpha=0.05"]

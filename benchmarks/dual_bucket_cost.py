@@ -1,11 +1,11 @@
-"""The cost model behind the dual form's size groups (hfl.mclr_dual.dual_buckets): times
+"""The cost model behind the dual form's size groups (hfl.accel.mclr_dual.dual_buckets): times
 single-thread ``run_dual_steps`` phases of D devices padded to n rows with minibatches W wide
 (MNIST's 784 features, 10 classes, 20 steps, prox toward the start as PerMFL), fits
 
     seconds = S * (a*D*n*W + b*D*W + d) + c*D*n
 
 (least squares on relative error), and prints the fitted constants in nanoseconds beside the ones
-in hfl.mclr_dual, each shape's measured and modelled times, and the preset's groups.
+in hfl.accel.mclr_dual, each shape's measured and modelled times, and the preset's groups.
 
     .venv/bin/python benchmarks/dual_bucket_cost.py
 """
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from timing import median_seconds  # benchmarks/timing.py, beside this script
 
-from hfl import mclr_dual
+from hfl.accel import mclr_dual
 
 CLASSES, FEATURES, STEPS = 10, 784, 20
 SHAPES = [(2, 50, 50), (4, 100, 100), (10, 50, 50), (20, 30, 30), (5, 300, 124), (10, 300, 124), (3, 600, 124),
@@ -57,7 +57,7 @@ def main() -> int:
     for (d, n, w), got, model in zip(SHAPES, seconds, terms @ fit, strict=True):
         print(f"{d:<4d} {n:<4d} {w:<4d} {1e3 * got:9.2f}  {1e3 * model:9.2f}")
     names = ["COST_PER_GRAM_ENTRY", "COST_PER_SAMPLE", "COST_PER_ROW", "COST_PER_STEP"]
-    print("constant              fitted ns   hfl.mclr_dual")
+    print("constant              fitted ns   hfl.accel.mclr_dual")
     for name, value in zip(names, fit * 1e9, strict=True):
         print(f"{name:21s} {value:10.3f}   {getattr(mclr_dual, name):10.3f}")
     groups = mclr_dual.dual_buckets(PRESET, 124, STEPS)

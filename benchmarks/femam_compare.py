@@ -191,7 +191,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build_jobs(args: argparse.Namespace) -> list[Job]:
-    simulate = tool("hfl-simulate", "hfl.simulate")
+    simulate = tool("hfl-simulate", "hfl.runtime.simulate")
     jobs = []
     for name in args.settings:
         setting = SETTINGS[name]

@@ -1,5 +1,5 @@
 """The arithmetic floor of the PerMFL MNIST MCLR preset's global round on this CPU: FLOPs of the
-batched dual-form path (hfl.mclr_dual, with hfl.mclr_dual.dual_buckets' padding) counted from the
+batched dual-form path (hfl.accel.mclr_dual, with hfl.accel.mclr_dual.dual_buckets' padding) counted from the
 preset's device sizes, and this core's rate on those products (single-thread ``torch.bmm`` on the
 shapes of the preset's costliest bucket), against a 1024² SGEMM. Prints the seconds the arithmetic
 alone would take, to set against ``benchmarks/speed.py``'s measured seconds per round.
@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from speed import MNIST_ROOT, config  # noqa: E402 - benchmarks/ is no package
 from timing import median_seconds  # noqa: E402
 
-from hfl.mclr_dual import dual_buckets  # noqa: E402
-from hfl.node import federation_for  # noqa: E402
+from hfl.accel.mclr_dual import dual_buckets  # noqa: E402
+from hfl.runtime.build import federation_for  # noqa: E402
 
 
 def gflop_per_second(flops: float, fn: Callable[[], object], repeats: int = 30) -> float:

@@ -29,8 +29,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from hfl.apps import CONF_DIR
-from hfl.simulate import run
+from hfl.runtime.apps import CONF_DIR
+from hfl.runtime.simulate import run
 
 REPO = Path(__file__).resolve().parents[1]
 

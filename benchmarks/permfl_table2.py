@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seeds = parse_seeds(parser, args.seeds)
     out = Path(args.out).resolve()
-    simulate = tool("hfl-simulate", "hfl.simulate")
+    simulate = tool("hfl-simulate", "hfl.runtime.simulate")
     jobs = []
     for formation in FORMATIONS:
         for seed in seeds:

@@ -24,11 +24,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from clients import fedper, pflego  # noqa: E402
-from hfl.apps import compose_config  # noqa: E402
+from hfl.runtime.apps import compose_config  # noqa: E402
 from hfl.models import build_model  # noqa: E402
-from hfl.node import device_classes, device_data, device_runtime, federation_for, initial_model, model_classes  # noqa: E402
-from hfl.store import StateStore  # noqa: E402
-from hfl.training import LocalTrainer  # noqa: E402
+from hfl.runtime.build import device_classes, device_data, device_runtime, federation_for, initial_model, model_classes  # noqa: E402
+from hfl.state.store import StateStore  # noqa: E402
+from hfl.device.training import LocalTrainer  # noqa: E402
 from reproduce_table1 import MNIST_ROOT  # noqa: E402
 
 

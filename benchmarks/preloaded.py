@@ -19,9 +19,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-# What a run imports before its first round (hfl.simulate pulls in torch, Flower, Hydra), and the
+# What a run imports before its first round (hfl.runtime.simulate pulls in torch, Flower, Hydra), and the
 # plotting it does after its last.
-PRELOAD = ["hfl.simulate", "hfl.run_report", "matplotlib.figure", "matplotlib.backends.backend_agg"]
+PRELOAD = ["hfl.runtime.simulate", "hfl.output.run_report", "matplotlib.figure", "matplotlib.backends.backend_agg"]
 
 _context: multiprocessing.context.BaseContext | None = None
 
@@ -64,6 +64,6 @@ def _simulate(argv: list[str], log: str, cwd: str) -> None:
     os.close(out)
     os.chdir(cwd)
     sys.argv = argv
-    from hfl.simulate import main
+    from hfl.runtime.simulate import main
 
     main()

@@ -27,7 +27,7 @@ then ``hfl-report <out>/<setting> --out <out>/report/<setting> --paper benchmark
     .venv/bin/python benchmarks/reproduce_table1.py --settings mnist_cnn --rounds 5 --seeds 0
 
 On a GPU every run uses it (``runtime.device=auto``); a mnist_cnn run holds ~6 GB of GPU memory
-(its four teams' devices step together, hfl.lockstep): on an 80 GB H100 under CUDA MPS
+(its four teams' devices step together, hfl.accel.lockstep): on an 80 GB H100 under CUDA MPS
 ``--jobs 12`` fit (76 GB at the peak) and ``--jobs 24`` did not (15 runs out of memory in their
 first round; rerun by resuming with fewer jobs). See README, "On a GPU".
 """
@@ -131,7 +131,7 @@ def parse_seeds(parser: argparse.ArgumentParser, text: str) -> list[int]:
 
 def hfl_report(label: str, runs: list[Path], out_dir: Path, title: str, paper: Path | None = None) -> bool:
     """``hfl-report`` over ``runs`` (run or sweep folders) into ``out_dir``; True if it succeeded."""
-    command = tool("hfl-report", "hfl.report") + [str(r) for r in runs] + ["--out", str(out_dir), "--title", title]
+    command = tool("hfl-report", "hfl.output.report") + [str(r) for r in runs] + ["--out", str(out_dir), "--title", title]
     if paper is not None:
         command += ["--paper", str(paper)]
     print(f"\n== {label}: {shlex.join(command)}", flush=True)
@@ -190,7 +190,7 @@ def algorithms_for(setting: str, chosen: list[str] | None) -> list[str]:
 
 
 def build_jobs(args: argparse.Namespace) -> list[Job]:
-    simulate = tool("hfl-simulate", "hfl.simulate")
+    simulate = tool("hfl-simulate", "hfl.runtime.simulate")
     jobs = []
     for setting in args.settings:
         rounds = args.rounds if args.rounds is not None else preset_rounds(setting)
@@ -257,7 +257,7 @@ def execute(job: Job) -> Job:
         shutil.rmtree(job.run_dir)  # an unfinished or different run: start clean (state/ included)
     job.log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    simulate = tool("hfl-simulate", "hfl.simulate")
+    simulate = tool("hfl-simulate", "hfl.runtime.simulate")
     forked = PRELOADED and preloaded.available() and job.command[:len(simulate)] == simulate
     with job.log.open("w") as log:
         log.write("$ " + shlex.join(job.command) + (" (forked from a preloaded interpreter)" if forked else "") + "\n")

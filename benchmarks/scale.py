@@ -51,8 +51,8 @@ def config(overrides: list[str]) -> dict:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from hfl import schema
-    from hfl.apps import CONF_DIR
+    from hfl.config import schema
+    from hfl.runtime.apps import CONF_DIR
 
     schema.register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -61,8 +61,8 @@ def config(overrides: list[str]) -> dict:
 
 def child_run(overrides: list[str], out: Path) -> dict:
     """One hfl run: every global round's seconds and the final accuracies."""
-    from hfl.resume import read_checkpoint
-    from hfl.simulate import run
+    from hfl.state.resume import read_checkpoint
+    from hfl.runtime.simulate import run
 
     summary = run(config(overrides), out)
     return {"round_seconds": read_checkpoint(out).recorder["round_seconds"],

@@ -18,7 +18,7 @@ Sections:
 - ``cnn``: experiment=table1_mnist_cnn with PerMFL, a shortened global round (K = 1, L = 2,
   evaluated only in the last round, so the median round is training alone): seconds per device
   step and the full round (K = 10, L = 20) extrapolated from it; batched forced on against off
-  (runtime.batched=auto picks per-device for the CNN on a CPU, hfl.batched.batching_pays).
+  (runtime.batched=auto picks per-device for the CNN on a CPU, hfl.accel.batched.batching_pays).
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, TensorDataset
 
-from hfl import schema
-from hfl.apps import CONF_DIR
+from hfl.config import schema
+from hfl.runtime.apps import CONF_DIR
 from hfl.models import build_model
-from hfl.node import federation_for
-from hfl.simulate import run
+from hfl.runtime.build import federation_for
+from hfl.runtime.simulate import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peak_memory import PeakMemory  # noqa: E402 - benchmarks/ is no package
@@ -174,7 +174,7 @@ def section_cnn(tmp: Path, rounds: int, device: str) -> None:
 
 SECTIONS = {"mclr": section_mclr, "devices": section_devices, "cnn": section_cnn}
 # devices: Ray hands a team to whichever actor is free, and an actor generates a team's 700
-# devices (and keeps their data, hfl.batched.concatenated) the first time it hosts it, so the
+# devices (and keeps their data, hfl.accel.batched.concatenated) the first time it hosts it, so the
 # first rounds after round 1 still pay that (2.4-3.6 s against ~2 s from round 5 on, measured):
 # the median is taken over enough rounds to be the steady state.
 MIN_ROUNDS = {"cnn": 4, "devices": 12}

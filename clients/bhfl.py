@@ -8,12 +8,12 @@ import json
 
 from flwr.common import NDArrays, Scalar
 
-from clients.base import DeviceClient
-from hfl.batched import FitPlan, Phase
-from hfl.device import DeviceRuntime
-from hfl.payload import unpack
-from hfl.personal import fit_reply
-from hfl.training import Params, to_ndarrays, to_tensors
+from hfl.device.client import DeviceClient
+from hfl.accel.batched import FitPlan, Phase
+from hfl.device.state import DeviceRuntime
+from hfl.node.payload import unpack
+from hfl.rules.personal import fit_reply
+from hfl.device.training import Params, to_ndarrays, to_tensors
 from strategies.bhfl import merge_down
 
 

@@ -13,11 +13,11 @@ from typing import Any
 
 from flwr.common import NDArrays, Scalar
 
-from clients.base import DeviceClient
+from hfl.device.client import DeviceClient
 from clients.prox import pull_then_train
-from hfl.batched import FitPlan
-from hfl.device import DeviceRuntime
-from hfl.personal import check_keys
+from hfl.accel.batched import FitPlan
+from hfl.device.state import DeviceRuntime
+from hfl.rules.personal import check_keys
 
 
 def check_config(alg: Mapping[str, Any]) -> None:

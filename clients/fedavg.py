@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TypeVar
-
 from flwr.common import NDArrays, Scalar
 
-from clients.base import DeviceClient
-from hfl.device import DeviceRuntime
-from hfl.batched import FitPlan, Phase
-from hfl.training import Params, to_ndarrays, to_tensors
-
-T = TypeVar("T")
-
-
-def sgd_step(params: Sequence[T], grad: Sequence[T], lr: float) -> list[T]:
-    """params <- params - lr * grad (hfl.batched.prox_update without an anchor computes the same)."""
-    return [p - lr * g for p, g in zip(params, grad, strict=True)]
+from hfl.device.client import DeviceClient
+from hfl.device.state import DeviceRuntime
+from hfl.accel.batched import FitPlan, Phase
+from hfl.device.training import Params, to_ndarrays, to_tensors
 
 
 class FedAvgClient(DeviceClient):

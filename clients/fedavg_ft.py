@@ -3,7 +3,7 @@ is sent, fine-tuned for ``finetune_epochs`` passes of minibatch SGD (``finetune_
 own training split.
 
 Fine-tuning happens at evaluation time only (config ``model=personal``, whose parameters are
-the global model: ``pm_base: gm``, hfl/tree_node.py). It draws its minibatches from a sampler
+the global model: ``pm_base: gm``, hfl/node/client.py). It draws its minibatches from a sampler
 of its own, seeded by (run seed, device, global round), so an evaluation is reproducible and
 leaves the device's training sampler where it was; the fine-tuned model is neither kept nor
 sent. Evaluation messages carry only the model, so the device takes the settings and the round
@@ -18,11 +18,12 @@ import numpy as np
 import torch
 from flwr.common import NDArrays, Scalar
 
-from clients.fedavg import FedAvgClient, sgd_step
-from hfl.batched import FitPlan
-from hfl.device import DeviceRuntime
+from clients.fedavg import FedAvgClient
+from hfl.rules.steps import sgd_step
+from hfl.accel.batched import FitPlan
+from hfl.device.state import DeviceRuntime
 from hfl.seed import derive_seed
-from hfl.training import BatchSampler, LocalTrainer, Params, run_local_steps, to_tensors
+from hfl.device.training import BatchSampler, LocalTrainer, Params, run_local_steps, to_tensors
 
 # device.extra keys: what the last training round said about fine-tuning
 EPOCHS, LR, ROUND = "finetune_epochs", "finetune_lr", "finetune_round"
@@ -39,7 +40,7 @@ def finetune(trainer: LocalTrainer, start: Params, x: torch.Tensor, y: torch.Ten
 
 
 def global_round(config: dict[str, Scalar]) -> int:
-    """The global round of a training message (``round_path`` "g.t...", hfl/inprocess.py)."""
+    """The global round of a training message (``round_path`` "g.t...", hfl/node/inprocess.py)."""
     path = str(config.get("round_path", config.get("global_round", 0)))
     head = path.split(".")[0]
     return int(head) if head.isdigit() else 0

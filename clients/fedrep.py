@@ -11,8 +11,8 @@ from flwr.common import NDArrays, Scalar
 
 from clients.fedper import HeadClient
 from clients.fedper import check_config as check_head
-from hfl.device import DeviceRuntime
-from hfl.personal import check_keys, local_steps, masked_sgd_step
+from hfl.device.state import DeviceRuntime
+from hfl.rules.personal import check_keys, local_steps, masked_sgd_step
 
 
 def check_config(alg: Mapping[str, Any]) -> None:

@@ -9,7 +9,7 @@ kept levels' outputs and its current group's model (sent with the evaluation, ``
 
 BatchNorm (ResNet-9): as in the authors' code, the frozen levels run in eval mode (their running
 statistics, never updated); the trained level runs in train mode, its running statistics updated
-by each forward pass and sent with its parameters (hfl.training.LocalTrainer's tensor list); the
+by each forward pass and sent with its parameters (hfl.device.training.LocalTrainer's tensor list); the
 prox term and the SGD step apply to its parameters only. Validation and the PM use eval mode.
 """
 
@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from flwr.common import NDArrays, Scalar
 
-from clients.base import DeviceClient
-from hfl.device import DeviceRuntime
-from hfl.payload import unpack
-from hfl.training import Params, to_ndarrays, to_tensors
+from hfl.device.client import DeviceClient
+from hfl.device.state import DeviceRuntime
+from hfl.node.payload import unpack
+from hfl.device.training import Params, to_ndarrays, to_tensors
 from strategies.femam import parse_info
 from strategies.femam_rules import CLUSTER, GLOBAL, PERSONAL, TEAM, additive_loss, additive_output, in_prediction
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from flwr.common import NDArrays, Scalar
 
-from clients.base import DeviceClient
+from hfl.device.client import DeviceClient
 from clients.prox import pull_then_train
-from hfl.batched import FitPlan
-from hfl.device import DeviceRuntime
+from hfl.accel.batched import FitPlan
+from hfl.device.state import DeviceRuntime
 
 
 class L2GDClient(DeviceClient):

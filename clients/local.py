@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from flwr.common import NDArrays, Scalar
 
-from clients.base import DeviceClient
-from hfl.batched import FitPlan, Phase
-from hfl.device import DeviceRuntime
-from hfl.training import Params, to_tensors
+from hfl.device.client import DeviceClient
+from hfl.accel.batched import FitPlan, Phase
+from hfl.device.state import DeviceRuntime
+from hfl.device.training import Params, to_tensors
 
 
 class LocalClient(DeviceClient):

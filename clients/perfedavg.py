@@ -18,13 +18,13 @@ from typing import Any, TypeVar
 import torch
 from flwr.common import NDArrays, Scalar
 
-from clients.base import DeviceClient
-from clients.fedavg import sgd_step
-from hfl.batched import batch_width, draw_batches, minibatch, stack
-from hfl.device import DeviceRuntime
+from hfl.device.client import DeviceClient
+from hfl.rules.steps import sgd_step
+from hfl.accel.batched import batch_width, draw_batches, minibatch, stack
+from hfl.device.state import DeviceRuntime
 from hfl.errors import ConfigError
-from hfl.personal import check_keys, fit_reply
-from hfl.training import Params, to_tensors
+from hfl.rules.personal import check_keys, fit_reply
+from hfl.device.training import Params, to_tensors
 
 T = TypeVar("T")
 VARIANTS = ("fo", "hf")
@@ -48,7 +48,7 @@ def hf_direction(grad_tmp: Sequence[T], hvp: Sequence[T], alpha: float) -> list[
 
 @dataclass
 class MetaPlan:
-    """One device's Per-FedAvg fit, for hfl.batched to step a node's devices together
+    """One device's Per-FedAvg fit, for hfl.accel.batched to step a node's devices together
     (``run_together``); ``PerFedAvgClient.fit`` is the same work one device at a time."""
 
     device: DeviceRuntime
@@ -65,7 +65,7 @@ class MetaPlan:
     @classmethod
     def run_together(cls, plans: Sequence[MetaPlan], data: Any,
                      loss_and_grad: Callable) -> list[tuple[NDArrays, int, dict[str, Scalar]]]:
-        """Plans of equal ``key`` (hfl.batched.GroupPlan), stepped together."""
+        """Plans of equal ``key`` (hfl.accel.batched.GroupPlan), stepped together."""
         return _run_group(plans, data, loss_and_grad)
 
 

@@ -19,12 +19,12 @@ from typing import Any
 import torch
 from flwr.common import NDArrays, Scalar
 
-from clients.base import DeviceClient
-from hfl.batched import batch_width, labels_at, pad_batches, per, phase_steps, stack
-from hfl.closed_forms import SCALED_STEPS
-from hfl.device import DeviceRuntime
-from hfl.personal import check_keys, fit_reply
-from hfl.training import Params, to_tensors
+from hfl.device.client import DeviceClient
+from hfl.accel.batched import batch_width, labels_at, pad_batches, per, phase_steps, stack
+from hfl.accel.closed_forms import SCALED_STEPS
+from hfl.device.state import DeviceRuntime
+from hfl.rules.personal import check_keys, fit_reply
+from hfl.device.training import Params, to_tensors
 
 
 def check_config(alg: Mapping[str, Any]) -> None:
@@ -100,7 +100,7 @@ def prior_step(mu: Params, rho: Params, kl_mu: Params, kl_rho: Params, lr: float
 
 @dataclass
 class BayesPlan:
-    """One device's pFedBayes fit, for hfl.batched to step a node's devices together
+    """One device's pFedBayes fit, for hfl.accel.batched to step a node's devices together
     (``run_together``); ``PFedBayesClient.fit`` is the same work one device at a time."""
 
     device: DeviceRuntime
@@ -119,7 +119,7 @@ class BayesPlan:
     @classmethod
     def run_together(cls, plans: Sequence[BayesPlan], data: Any,
                      loss_and_grad: Callable) -> list[tuple[NDArrays, int, dict[str, Scalar]]]:
-        """Plans of equal ``key`` (hfl.batched.GroupPlan), stepped together."""
+        """Plans of equal ``key`` (hfl.accel.batched.GroupPlan), stepped together."""
         return _run_group(plans, data, loss_and_grad)
 
 

@@ -13,11 +13,11 @@ from typing import Any
 
 from flwr.common import NDArrays, Scalar
 
-from clients.base import DeviceClient
-from hfl.batched import FitPlan, Phase
-from hfl.device import DeviceRuntime
-from hfl.personal import check_keys, fit_reply
-from hfl.training import Params, to_tensors
+from hfl.device.client import DeviceClient
+from hfl.accel.batched import FitPlan, Phase
+from hfl.device.state import DeviceRuntime
+from hfl.rules.personal import check_keys, fit_reply
+from hfl.device.training import Params, to_tensors
 
 
 def check_config(alg: Mapping[str, Any]) -> None:

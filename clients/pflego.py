@@ -14,11 +14,11 @@ import torch
 from flwr.common import NDArrays, Scalar
 from torch.func import functional_call
 
-from clients.base import DeviceClient
-from hfl.device import DeviceRuntime
-from hfl.payload import pack
+from hfl.device.client import DeviceClient
+from hfl.device.state import DeviceRuntime
+from hfl.node.payload import pack
 from hfl.seed import derive_seed
-from hfl.training import Params, to_ndarrays, to_tensors
+from hfl.device.training import Params, to_ndarrays, to_tensors
 from strategies.pflego import device_round, initial_head, split_head
 
 

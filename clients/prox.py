@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from flwr.common import NDArrays, Scalar
 
-from hfl.batched import FitPlan, Phase
-from hfl.device import DeviceRuntime
-from hfl.personal import fit_reply, mix
-from hfl.training import Params, to_tensors
+from hfl.accel.batched import FitPlan, Phase
+from hfl.device.state import DeviceRuntime
+from hfl.rules.personal import fit_reply, mix
+from hfl.device.training import Params, to_tensors
 
 
 def pull_then_train(dev: DeviceRuntime, parameters: NDArrays, pull: float, steps: int, lr: float,

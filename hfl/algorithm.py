@@ -6,7 +6,7 @@ An algorithm is three things (DESIGN.md): a server rule (a ``ServerRule`` subcla
 one config file (``conf/algorithm/<name>.yaml``, whose flags declare what the engine must provide:
 ``any_depth``, ``personalized``, ``global_model``, ``level_models``, ``pm_base``, ``batched``...).
 
-The engine (hfl.server for inner nodes, hfl.root for the root) builds one rule per call of a
+The engine (hfl.node.strategy for inner nodes, hfl.node.root for the root) builds one rule per call of a
 node — the root's one call is the whole run — from an explicit ``NodeContext``: the node's path
 and level, the round path of the call, the parent's payload and the node's stored state. Every
 round, the rule sees the accepted replies of its children (``Replies``: models, parts, weights,
@@ -25,11 +25,11 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 from flwr.common import NDArrays, Scalar
 
-from hfl.aggregate import mean_of
-from hfl.payload import Payload
-from hfl.tree import level_of
+from hfl.rules.aggregate import mean_of
+from hfl.node.payload import Payload
+from hfl.tree.shape import level_of
 
-# One message to the children: its arrays and the config entries that declare them (hfl.payload.pack).
+# One message to the children: its arrays and the config entries that declare them (hfl.node.payload.pack).
 Message = tuple[NDArrays, dict[str, Scalar]]
 
 
@@ -117,10 +117,14 @@ class ServerRule:
     root, evaluation rounds also call ``evaluation_message`` and ``evaluation_metrics``.
     """
 
-    reply_kind: ClassVar[str] = "model"  # what an inner node's reply is: "model" or "gradient" (hfl.payload)
+    reply_kind: ClassVar[str] = "model"  # what an inner node's reply is: "model" or "gradient" (hfl.node.payload)
     # Whether inner nodes keep state between calls, or need more than their parent's payload
-    # (the deployment's team runs carry neither yet: hfl.config refuses such an algorithm there).
+    # (the deployment's team runs carry neither yet: hfl.config.checks refuses such an algorithm there).
     node_state: ClassVar[bool] = False
+    # The dataclass typing the algorithm's own keys (a subclass of hfl.config.schema.AlgorithmConfig
+    # or of one of its subclasses there, every field MISSING): registered as /schema/algorithm/<name>
+    # for the config file that names it in its defaults list. None: the file names a schema of hfl's.
+    schema: ClassVar[type | None] = None
 
     # ---- checks, before training (raise hfl.errors.ConfigError naming the key)
     @classmethod

@@ -1,5 +1,5 @@
 """B-HFL (seeds/002, Algorithm 1): every node keeps a model and merges in both directions
-with node optimisers (hfl.nodeopt), on a tree of any depth.
+with node optimisers (hfl.rules.nodeopt), on a tree of any depth.
 
 One call of a node q at level d (EXECUTENODE):
 1. theta_0 <- NODEOPT-down(W_q, parent's model)  [then each residual ancestor's model];
@@ -19,17 +19,17 @@ from typing import Any
 import numpy as np
 from flwr.common import NDArrays, Parameters, Scalar, parameters_to_ndarrays
 
-from clients.fedavg import sgd_step
-from hfl import nodeopt
-from hfl.aggregate import mean_of
-from hfl.config import check_number, check_number_list
+from hfl.rules.steps import sgd_step
+from hfl.rules import nodeopt
+from hfl.rules.aggregate import mean_of
+from hfl.config.checks import check_number, check_number_list
 from hfl.data import proxy_data
 from hfl.errors import ConfigError
 from hfl.models import build_model
 from hfl.algorithm import Message, NodeContext, Replies, ServerRule, Update, model_from_state
-from hfl.payload import pack
+from hfl.node.payload import pack
 from hfl.seed import derive_seed
-from hfl.training import BatchSampler, LocalTrainer, run_local_steps, to_ndarrays, to_tensors
+from hfl.device.training import BatchSampler, LocalTrainer, run_local_steps, to_ndarrays, to_tensors
 
 DIRECTIONS = ("up", "down")
 RES_DOWN = "res_down"  # part names "res_down<level>": the model of the ancestor at that level

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hfl.errors import ConfigError
-from hfl.personal import check_keys
+from hfl.rules.personal import check_keys
 from strategies.fedavg import FedAvgServer
 
 

@@ -30,10 +30,10 @@ import numpy as np
 from flwr.common import NDArrays, Scalar
 
 from hfl.algorithm import Message, NodeContext, Replies, ServerRule
-from hfl.aggregate import mean_of
+from hfl.rules.aggregate import mean_of
 from hfl.errors import ConfigError
-from hfl.payload import pack
-from hfl.personal import check_keys
+from hfl.node.payload import pack
+from hfl.rules.personal import check_keys
 from hfl.seed import derive_seed
 from strategies.femam_rules import (
     CLUSTER, GLOBAL, KIND_CODES, KINDS, PERSONAL, TEAM, Schedule, clustering_features, flat_model,
@@ -137,7 +137,7 @@ def _groups_from(prefix: str, state: Mapping[str, np.ndarray]) -> dict[int, NDAr
 class FemamRoot:
     """What the root keeps across global rounds: the level being trained, its groups and the
     assignment, the finished level's, every device's keep decisions and validation losses.
-    ``state``/``restore`` write it to and read it from the root's stored state (hfl.root)."""
+    ``state``/``restore`` write it to and read it from the root's stored state (hfl.node.root)."""
 
     def __init__(self, ctx: NodeContext, initial: NDArrays) -> None:
         alg = ctx.alg

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from flwr.common import NDArrays
 from sklearn.cluster import KMeans
 
-from hfl.aggregate import mean_of
+from hfl.rules.aggregate import mean_of
 
 GLOBAL, CLUSTER, TEAM, PERSONAL = "global", "cluster", "team", "personal"
 KIND_CODES = {GLOBAL: 0, CLUSTER: 1, TEAM: 2, PERSONAL: 3}

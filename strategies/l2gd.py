@@ -25,7 +25,7 @@ from typing import Any
 from flwr.common import Scalar
 
 from hfl.errors import ConfigError
-from hfl.personal import check_keys
+from hfl.rules.personal import check_keys
 from strategies.fedavg import FedAvgServer
 
 

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from flwr.common import NDArrays, Scalar
 
 from hfl.algorithm import Replies, ServerRule
-from hfl.personal import check_keys
+from hfl.rules.personal import check_keys
 
 T = TypeVar("T")
 

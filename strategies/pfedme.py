@@ -7,7 +7,7 @@ from __future__ import annotations
 from flwr.common import NDArrays
 
 from hfl.algorithm import Replies
-from hfl.personal import mix
+from hfl.rules.personal import mix
 from strategies.fedavg import FedAvgServer
 
 

@@ -23,13 +23,13 @@ import torch
 import torch.nn.functional as F
 from flwr.common import NDArrays, Scalar
 
-from hfl import nodeopt
+from hfl.rules import nodeopt
 from hfl.errors import ConfigError
 from hfl.models import build_model
 from hfl.algorithm import NodeContext, Replies, ServerRule, model_from_state
-from hfl.node import model_classes
-from hfl.personal import check_keys, head_mask
-from hfl.sampling import sample_size
+from hfl.runtime.build import model_classes
+from hfl.rules.personal import check_keys, head_mask
+from hfl.tree.sampling import sample_size
 
 OPTIMIZERS = ("adam", "sgd")
 OPT = "opt."  # the root's optimiser state in its stored state
@@ -99,7 +99,7 @@ def root_step(
     optimizer: Mapping[str, Any], theta: NDArrays, mean_grad: NDArrays, scale: float, state: Mapping[str, np.ndarray]
 ) -> tuple[NDArrays, dict[str, np.ndarray]]:
     """theta after the root's step on ``scale * mean_grad``: plain sgd (eq. 4), or Adam through
-    hfl.nodeopt (whose pseudo-gradient target - theta is then minus the gradient)."""
+    hfl.rules.nodeopt (whose pseudo-gradient target - theta is then minus the gradient)."""
     step = [scale * g for g in mean_grad]
     if optimizer["optimizer"] == "sgd":
         return [t - optimizer["lr"] * g for t, g in zip(theta, step, strict=True)], dict(state)

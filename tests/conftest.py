@@ -6,8 +6,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from hfl import schema
-from hfl.apps import CONF_DIR
+from hfl.config import schema
+from hfl.runtime.apps import CONF_DIR
 
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
@@ -43,8 +43,8 @@ def node_strategy(server, parent, alg: dict, *, path: str = "0", depth: int = 2)
     """An inner node's Flower strategy over ``server`` (a ServerRule class), built from its
     parent's model alone, as a call of the node would build it."""
     from hfl.algorithm import NodeContext
-    from hfl.payload import Payload
-    from hfl.server import NodeStrategy
+    from hfl.node.payload import Payload
+    from hfl.node.strategy import NodeStrategy
 
     ctx = NodeContext({"algorithm": alg, "seed": 0}, path, depth, Payload("model", {"model": parent}), None, None)
     return NodeStrategy(server(ctx), float(alg.get("min_fit_fraction", 1.0)))
@@ -53,9 +53,9 @@ def node_strategy(server, parent, alg: dict, *, path: str = "0", depth: int = 2)
 def root_strategy(server, initial, alg: dict, store_dir, **common):  # noqa: ANN001, ANN201
     """The root's Flower strategy over ``server``, its state in a store at ``store_dir``."""
     from hfl.algorithm import NodeContext
-    from hfl.payload import Payload
-    from hfl.root import RootStrategy
-    from hfl.store import StateStore
+    from hfl.node.payload import Payload
+    from hfl.node.root import RootStrategy
+    from hfl.state.store import StateStore
 
     def make_rule(state):  # noqa: ANN001, ANN202
         return server(NodeContext({"algorithm": alg, "seed": 0}, "", 2, Payload("model", {"model": initial}), state, None))

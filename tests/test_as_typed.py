@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from hfl.apps import CONF_DIR
-from hfl.config import validate
+from hfl.runtime.apps import CONF_DIR
+from hfl.config.checks import validate
 from hfl.errors import ConfigError
-from hfl.node import check_tree, federation_for
+from hfl.runtime.build import check_tree, federation_for
 from tests.conftest import compose_cfg
 
 ALGORITHMS = sorted(p.stem for p in (Path(CONF_DIR) / "algorithm").glob("*.yaml"))
@@ -91,7 +91,7 @@ def test_a_forced_mismatch_stops_naming_the_key(overrides, key):
 
 
 def test_the_command_names_the_key_of_a_forced_mismatch(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "hfl.simulate", "algorithm=pflego", "model=mclr", "runtime=inprocess",
+    done = subprocess.run([sys.executable, "-m", "hfl.runtime.simulate", "algorithm=pflego", "model=mclr", "runtime=inprocess",
                            f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1].startswith("hfl-simulate: model.name: PFLEGO needs a body")
@@ -99,7 +99,7 @@ def test_the_command_names_the_key_of_a_forced_mismatch(tmp_path):
 
 @pytest.mark.parametrize("name", ["femam", "pflego"])
 def test_a_tiny_run_as_typed(tmp_path, name):
-    from hfl.simulate import run
+    from hfl.runtime.simulate import run
 
     cfg = compose_cfg(f"algorithm={name}", "runtime=inprocess", "runtime.torch_threads=1", "global_rounds=1",
                       "topology.num_teams=2", "topology.devices_per_team=3", "dataset.max_samples=120",

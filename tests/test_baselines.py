@@ -34,11 +34,11 @@ from clients.pfedbayes import (
     sample_weights,
 )
 from clients.pfedme import PFedMeClient
-from hfl.config import validate
-from hfl.device import DeviceRuntime
+from hfl.config.checks import validate
+from hfl.device.state import DeviceRuntime
 from hfl.errors import ConfigError
-from hfl.personal import head_mask, masked_sgd_step, mix, splice
-from hfl.training import BatchSampler
+from hfl.rules.personal import head_mask, masked_sgd_step, mix, splice
+from hfl.device.training import BatchSampler
 from strategies.demlearn import DemLearnServer
 from strategies.l2gd import step_sizes
 from strategies.pfedbayes import PFedBayesServer, bayesian_initial
@@ -50,7 +50,7 @@ from tests.test_strategies import Proxy, _manager
 class Quadratic:
     """Stub LocalTrainer: f(w) = 0.5 * sum ||w_i - c_i||^2 on every batch."""
 
-    has_buffers = False  # no BatchNorm statistics (hfl.training.run_local_steps reads it)
+    has_buffers = False  # no BatchNorm statistics (hfl.device.training.run_local_steps reads it)
 
     def __init__(self, centers, names=None) -> None:
         self.centers = [torch.tensor(c, dtype=torch.float32) for c in centers]

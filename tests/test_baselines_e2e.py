@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from hfl.simulate import run
+from hfl.runtime.simulate import run
 
 CHANCE = 1 / 10  # synthetic data: 10 classes
 FLAT = "algorithm.team_rounds=1"

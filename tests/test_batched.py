@@ -1,4 +1,4 @@
-"""The batched device path (hfl.batched) computes what the per-device path does: the same
+"""The batched device path (hfl.accel.batched) computes what the per-device path does: the same
 minibatches from the same samplers, the same gradients, the same models within float tolerance,
 for every algorithm that takes it (algorithm.batched: true)."""
 
@@ -13,11 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from clients.base import DeviceClient
-from hfl import batched as batched_module
-from hfl import mclr_dual
-from hfl.apps import CONF_DIR
-from hfl.batched import (
+from hfl.device.client import DeviceClient
+from hfl.accel import batched as batched_module
+from hfl.accel import mclr_dual
+from hfl.runtime.apps import CONF_DIR
+from hfl.accel.batched import (
     ConcatenatedData,
     FitPlan,
     Phase,
@@ -29,15 +29,16 @@ from hfl.batched import (
     run_plans,
     stack,
 )
-from hfl import closed_forms, grouped_cnn
-from hfl.batched_eval import evaluate_models
-from hfl.closed_forms import closed_form
-from hfl.config import load_module
-from hfl.device import DeviceRuntime, pack_states, unpack_states
+from hfl.accel import closed_forms
+from hfl.accel import grouped_cnn
+from hfl.accel.batched_eval import evaluate_models
+from hfl.accel.closed_forms import closed_form
+from hfl.config.checks import load_module
+from hfl.device.state import DeviceRuntime, pack_states, unpack_states
 from hfl.errors import ConfigError
 from hfl.models import CNN, DNN, MCLR, MLP, mclr_loss_and_grad
-from hfl.simulate import run
-from hfl.training import BatchSampler, LocalTrainer, converted_once, to_tensors
+from hfl.runtime.simulate import run
+from hfl.device.training import BatchSampler, LocalTrainer, converted_once, to_tensors
 from tests.conftest import SMALL, compose_cfg
 
 ALGORITHMS = sorted(p.stem for p in (CONF_DIR / "algorithm").glob("*.yaml"))
@@ -199,7 +200,7 @@ def test_batched_evaluation_equals_each_devices_own(model, shared):
 
 
 def test_a_long_test_set_is_not_the_padding_of_the_short_ones(monkeypatch):
-    from hfl import batched_eval
+    from hfl.accel import batched_eval
 
     torch.manual_seed(2)
     trainer = LocalTrainer(MCLR((6,), 3))
@@ -226,7 +227,7 @@ def test_the_sent_model_is_converted_once_for_the_devices_that_test_it_as_sent(m
     from clients.pfedbayes import PFedBayesClient
     from flwr.common import ndarrays_to_parameters
 
-    from hfl import batched_eval
+    from hfl.accel import batched_eval
 
     dev = _device(0, 5, 4)
     assert FedAvgClient(dev).tests_sent_model({"model": "global"})
@@ -336,7 +337,7 @@ def test_batch_width_pads_small_devices_only_to_the_widest_draw():
 
 @pytest.mark.parametrize("block_steps", [1, 3, 7])
 def test_phase_steps_come_in_blocks_equal_to_one_step_at_a_time(monkeypatch, block_steps):
-    from hfl.closed_forms import nll_targets
+    from hfl.accel.closed_forms import nll_targets
 
     devices = [_device(i, 6 + i, 4, dim=5) for i in range(3)]
     data = ConcatenatedData(devices, torch.device("cpu"))
@@ -534,7 +535,7 @@ def test_dual_form_on_the_gpu_equals_per_device_on_the_cpu(tmp_path, monkeypatch
 
 @pytest.mark.skipif(not (REAL_MNIST / "MNIST" / "raw").is_dir(), reason="shared MNIST test split absent")
 def test_mnist_cnn_batched_equals_per_device_on_the_cpu(tmp_path, monkeypatch):
-    # the grouped-convolution form (hfl.grouped_cnn) through a whole PerMFL run, forced on the CPU
+    # the grouped-convolution form (hfl.accel.grouped_cnn) through a whole PerMFL run, forced on the CPU
     stepped: list[int] = []
     real = grouped_cnn.cnn_batched_loss_and_grad
 
@@ -551,14 +552,14 @@ def test_mnist_cnn_batched_equals_per_device_on_the_cpu(tmp_path, monkeypatch):
                         "eval_every=2", "algorithm.team_rounds=2", "algorithm.local_steps=3", "runtime=inprocess",
                         f"runtime.batched={mode}", "runtime.device=cpu"), runs[mode])
         assert bool(stepped) == (mode == "on")
-    assert set(stepped) == {4}  # both teams' devices in each step (hfl.lockstep)
+    assert set(stepped) == {4}  # both teams' devices in each step (hfl.accel.lockstep)
     assert_same_run(runs["on"], runs["off"])
 
 
 @GPU
 @pytest.mark.skipif(not (REAL_MNIST / "MNIST" / "raw").is_dir(), reason="shared MNIST test split absent")
 def test_mnist_cnn_on_the_gpu_equals_per_device_on_the_cpu(tmp_path, monkeypatch):
-    # the CNN's grouped convolutions (hfl.grouped_cnn); TF32 off so the GPU's convolutions round as the CPU's
+    # the CNN's grouped convolutions (hfl.accel.grouped_cnn); TF32 off so the GPU's convolutions round as the CPU's
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     seen = _on_cuda(monkeypatch)
     runs = {}
@@ -592,7 +593,7 @@ def test_runtime_device_cuda_is_refused_without_a_gpu(tmp_path):
 
 
 def test_auto_batches_where_it_pays():
-    from hfl.batched import batching_pays
+    from hfl.accel.batched import batching_pays
     from hfl.models import MLP
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda")

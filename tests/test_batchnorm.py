@@ -14,18 +14,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clients.fedavg import sgd_step
+from hfl.rules.steps import sgd_step
 from clients.femam import FemamClient
 from clients.permfl import device_step
 from hfl.algorithm import model_from_state
-from hfl.config import check_model_buffers
-from hfl.device import DeviceRuntime
+from hfl.config.checks import check_model_buffers
+from hfl.device.state import DeviceRuntime
 from hfl.errors import ConfigError
 from hfl.models import CNN, MCLR, build_model
-from hfl.payload import pack
-from hfl.simulate import run
-from hfl.store import StateStore
-from hfl.training import BatchSampler, LocalTrainer, run_local_steps, to_ndarrays, to_tensors
+from hfl.node.payload import pack
+from hfl.runtime.simulate import run
+from hfl.state.store import StateStore
+from hfl.device.training import BatchSampler, LocalTrainer, run_local_steps, to_ndarrays, to_tensors
 from strategies import femam_rules as rules
 from tests.conftest import compose_cfg
 
@@ -251,7 +251,7 @@ def test_short_resnet9_runs_train_and_average_the_running_statistics(tmp_path, a
 
 @pytest.mark.parametrize("algorithm", ["pfedme", "perfedavg"])
 def test_run_refuses_resnet9_before_training_for_algorithms_without_buffers(tmp_path, algorithm):
-    """The refusal reaches hfl.simulate.run before any round (not a round-1 'no team model')."""
+    """The refusal reaches hfl.runtime.simulate.run before any round (not a round-1 'no team model')."""
     fake_cifar10(tmp_path / "data")
     cfg = compose_cfg(*tiny_image_run(tmp_path / "data", f"algorithm={algorithm}"))
     with pytest.raises(ConfigError, match=r"model\.name"):

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hfl.device import stored_device_states
+from hfl.device.state import stored_device_states
 from hfl.errors import ConfigError
-from hfl.nodeopt import DEFAULTS
-from hfl.simulate import run
-from hfl.store import StateStore
+from hfl.rules.nodeopt import DEFAULTS
+from hfl.runtime.simulate import run
+from hfl.state.store import StateStore
 from strategies.bhfl import check_config, largest_updates, merge_down, merge_up, spec_for
 from tests.conftest import SMALL, compose_cfg
 

@@ -7,7 +7,7 @@ import torch
 
 from hfl.errors import ConfigError
 from hfl.models import MODELS, build_model
-from hfl.personal import head_mask
+from hfl.rules.personal import head_mask
 from tests.conftest import compose_cfg
 
 IMAGES = [(1, 28, 28), (3, 32, 32)]

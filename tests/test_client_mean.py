@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from hfl import report
-from hfl.console import plain_text, summary_renderable
-from hfl.evaluation import pool_evaluations
+from hfl.output import report
+from hfl.output.console import plain_text, summary_renderable
+from hfl.node.evaluation import pool_evaluations
 
 
 def triples(target: str, rows: list[tuple[int, int, int]]) -> dict:

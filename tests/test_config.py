@@ -10,7 +10,7 @@ import pytest
 from hydra.errors import HydraException
 
 from hfl.errors import ConfigError, DatasetNotFoundError
-from hfl.simulate import run
+from hfl.runtime.simulate import run
 from tests.conftest import SMALL, compose_cfg
 
 
@@ -60,7 +60,7 @@ def test_unknown_group_option_is_a_hydra_error():
 
 def test_cli_exits_nonzero_naming_the_key(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "hfl.simulate", "algorithm.lam=-2", f"hydra.run.dir={tmp_path}"],
+        [sys.executable, "-m", "hfl.runtime.simulate", "algorithm.lam=-2", f"hydra.run.dir={tmp_path}"],
         capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1],
     )
     assert proc.returncode != 0

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from hfl.console import ROUND, SHOW, ConsoleHandler, job_line, round_line
-from hfl.report import load_run
+from hfl.output.console import ROUND, SHOW, ConsoleHandler, job_line, round_line
+from hfl.output.report import load_run
 from tests.conftest import SMALL
 
 ROOT = Path(__file__).parents[1]
@@ -64,7 +64,7 @@ RECORDS = [
     ("hfl", logging.INFO, "hfl: permfl on synthetic/mclr", {SHOW: "run"}),
     ("hfl", logging.INFO, "round 1/2  PM  50.00%", {ROUND: 1, SHOW: "run"}),
     ("hfl", logging.INFO, "round 2/2 trained, not evaluated", {ROUND: 2}),
-    ("hfl.inprocess", logging.INFO, "an hfl detail", {}),
+    ("hfl.node.inprocess", logging.INFO, "an hfl detail", {}),
     ("strategies.base", logging.WARNING, "a team's evaluation failed", {}),
     ("flwr", logging.ERROR, "An exception occurred", {}),
     ("hfl", logging.ERROR, "for the log file only", {SHOW: "file"}),
@@ -113,7 +113,7 @@ def test_progress_bar_on_a_terminal_follows_the_rounds():
 
 
 def simulate(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hfl.simulate", *SMALL, *overrides, f"hydra.run.dir={run_dir}"],
+    return subprocess.run([sys.executable, "-m", "hfl.runtime.simulate", *SMALL, *overrides, f"hydra.run.dir={run_dir}"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
@@ -153,7 +153,7 @@ def test_ray_run_console_keeps_flower_and_ray_in_the_log_file(tmp_path):
 
 
 def test_multirun_prints_a_line_per_job(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "hfl.simulate", "-m", *SMALL, "runtime=inprocess", "global_rounds=2",
+    proc = subprocess.run([sys.executable, "-m", "hfl.runtime.simulate", "-m", *SMALL, "runtime=inprocess", "global_rounds=2",
                            "seed=0,1", f"hydra.sweep.dir={tmp_path}"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

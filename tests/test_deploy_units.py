@@ -13,7 +13,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
-from hfl.config import load_module
+from hfl.config.checks import load_module
 from hfl.deploy import roles
 from hfl.deploy.certs import make_node_key, make_tls
 from hfl.deploy.device import (
@@ -32,10 +32,10 @@ from hfl.deploy.team_run import (
 from hfl.deploy.wiring import check_role
 from hfl.errors import ConfigError
 from hfl.models import build_model
-from hfl.node import device_runtime, federation_for, initial_model
-from hfl.simulate import run
-from hfl.store import StateStore
-from hfl.training import LocalTrainer
+from hfl.runtime.build import device_runtime, federation_for, initial_model
+from hfl.runtime.simulate import run
+from hfl.state.store import StateStore
+from hfl.device.training import LocalTrainer
 from strategies.permfl import PerMFLServer
 from tests.conftest import node_strategy
 

@@ -20,8 +20,8 @@ from hfl.deploy.certs import make_node_key, make_tls
 from hfl.deploy.control import ControlClient
 from hfl.deploy.loopback import Deployment, free_ports, wait_port
 from hfl.deploy.roles import ServerTls
-from hfl.node import federation_for
-from hfl.simulate import run
+from hfl.runtime.build import federation_for
+from hfl.runtime.simulate import run
 
 pytestmark = pytest.mark.deployment
 

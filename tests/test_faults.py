@@ -1,4 +1,4 @@
-"""Simulated faults (runtime.dropout, runtime.dropout_nodes; hfl/faults.py) through the real
+"""Simulated faults (runtime.dropout, runtime.dropout_nodes; hfl/node/faults.py) through the real
 failure paths of every level, and the explicit Ray start (runtime.ray_address). Tiny federations,
 in-process but for the one Ray run."""
 
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from hfl.errors import ConfigError
-from hfl.faults import dropout_count, dropped_children
-from hfl.node import federation_for
-from hfl.simulate import ray_init_args, run
+from hfl.node.faults import dropout_count, dropped_children
+from hfl.runtime.build import federation_for
+from hfl.runtime.simulate import ray_init_args, run
 from tests.conftest import SMALL, compose_cfg
 
 TEAMS_3x10 = ("runtime=inprocess", "topology.num_teams=3", "topology.devices_per_team=10", "runtime.dropout=0.3")

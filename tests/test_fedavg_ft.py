@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from clients.fedavg_ft import FedAvgFtClient, finetune, global_round
-from hfl.config import validate
-from hfl.device import DeviceRuntime
+from hfl.config.checks import validate
+from hfl.device.state import DeviceRuntime
 from hfl.errors import ConfigError
 from hfl.models import build_model
 from hfl.seed import derive_seed
-from hfl.simulate import run
-from hfl.training import BatchSampler, LocalTrainer, to_ndarrays, to_tensors
+from hfl.runtime.simulate import run
+from hfl.device.training import BatchSampler, LocalTrainer, to_ndarrays, to_tensors
 from tests.conftest import compose_cfg
 
 FIT = {"alpha": 0.05, "local_steps": 3, "fit_test": False, "finetune_epochs": 2, "finetune_lr": 0.5,

@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 
 from clients.femam import FemamClient
-from hfl.device import DeviceRuntime
+from hfl.device.state import DeviceRuntime
 from hfl.errors import ConfigError
 from hfl.models import MCLR
-from hfl.payload import pack
-from hfl.simulate import run
-from hfl.training import BatchSampler, LocalTrainer, to_ndarrays
+from hfl.node.payload import pack
+from hfl.runtime.simulate import run
+from hfl.device.training import BatchSampler, LocalTrainer, to_ndarrays
 from strategies import femam_rules as rules
 from tests.conftest import compose_cfg
 

@@ -27,12 +27,12 @@ from hfl.data.partition import (
     split_train_test,
     split_train_val_test,
 )
-from hfl.device import DeviceRuntime
+from hfl.device.state import DeviceRuntime
 from hfl.errors import ConfigError
 from hfl.models import build_model
-from hfl.node import device_data, device_runtime
-from hfl.store import StateStore
-from hfl.training import BatchSampler, LocalTrainer
+from hfl.runtime.build import device_data, device_runtime
+from hfl.state.store import StateStore
+from hfl.device.training import BatchSampler, LocalTrainer
 from tests.conftest import compose_cfg
 
 ROOT = Path(__file__).parents[1]
@@ -396,7 +396,7 @@ def test_resnet9_refuses_non_image_inputs():
 def test_new_keys_compose_and_wrong_types_are_refused():
     from hydra.errors import ConfigCompositionException
 
-    from hfl import schema
+    from hfl.config import schema
 
     cfg = compose_cfg("dataset.partition=clusterwise", "dataset.cluster_classes=3", "dataset.val_fraction=0.1",
                       "dataset.level_clusters=[3,6,11]", "dataset.level_classes=[14,6,2]", "model=resnet9",
@@ -419,7 +419,7 @@ def test_new_keys_compose_and_wrong_types_are_refused():
 
 
 def test_cli_cfg_job_with_clusterwise():
-    job = subprocess.run([sys.executable, "-m", "hfl.simulate", "--cfg", "job", "dataset.partition=clusterwise",
+    job = subprocess.run([sys.executable, "-m", "hfl.runtime.simulate", "--cfg", "job", "dataset.partition=clusterwise",
                           "dataset.cluster_classes=3"], capture_output=True, text=True, timeout=120, cwd=ROOT,
                          check=True).stdout
     dataset = yaml.safe_load(job)["dataset"]

@@ -1,5 +1,5 @@
 """runtime.batch_siblings: the root's children fit taking turns, their batched steps merged
-(hfl.lockstep, hfl.inprocess.LockstepServer, hfl.batched.run_plan_requests)."""
+(hfl.accel.lockstep, hfl.node.inprocess.LockstepServer, hfl.accel.batched.run_plan_requests)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-import hfl.batched as batched_module
-from hfl.lockstep import Lockstep, current_submit
+import hfl.accel.batched as batched_module
+from hfl.accel.lockstep import Lockstep, current_submit
 from tests.conftest import SMALL, compose_cfg
 from tests.test_batched import _rows, assert_same_run
 
@@ -113,7 +113,7 @@ def test_no_parties_and_no_submissions():
 CASES = {
     "permfl": [],
     "pfedme": [],  # inner steps and a moving anchor
-    "pfedbayes": [],  # a group plan of its own: runs apart (hfl.batched.mergeable), the same either way
+    "pfedbayes": [],  # a group plan of its own: runs apart (hfl.accel.batched.mergeable), the same either way
     "hierfavg-dropout": ["algorithm=hierfavg", "topology.num_teams=3", "runtime.dropout_nodes=0.34",
                          "runtime.dropout=0.34", "algorithm.min_fit_fraction=0.6"],
     "bhfl-tree": ["algorithm=bhfl", "topology=tree", "topology.fanout=[2,2,3]", "algorithm.sample_fraction=[1,0.5,0.67]"],
@@ -122,7 +122,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_merged_siblings_equal_one_node_at_a_time(tmp_path, monkeypatch, case):
-    from hfl.simulate import run
+    from hfl.runtime.simulate import run
 
     merged: list[int] = []  # nodes per merged call: proof the siblings' steps were merged
 
@@ -147,14 +147,14 @@ def test_merged_siblings_equal_one_node_at_a_time(tmp_path, monkeypatch, case):
 
 # ---------------------------------------------------------------- which nodes merge
 def _request(sizes: list[int], dim: int = 6):  # noqa: ANN202
-    from hfl.batched import PlanRequest
+    from hfl.accel.batched import PlanRequest
     from tests.test_batched import _device
 
     return PlanRequest([_device(i, n, 4, dim=dim) for i, n in enumerate(sizes)], [], torch.device("cpu"))
 
 
 def test_nodes_merge_by_architecture_within_the_caps(monkeypatch):
-    from hfl.batched import merged_groups
+    from hfl.accel.batched import merged_groups
 
     requests = [_request([5, 5]), _request([5, 5], dim=7), _request([5, 5]), _request([5, 5, 5])]
     assert merged_groups(requests) == [[0, 2, 3], [1]]  # another input size: another model
@@ -171,7 +171,7 @@ def test_nodes_merge_by_architecture_within_the_caps(monkeypatch):
 def test_a_deep_tree_merges_by_its_lowest_nodes_not_its_subtrees(tmp_path, monkeypatch):
     """fanout [2,2,3]: the root's children hold 6 devices each, its lowest nodes 3. With at most 5
     devices a merge, the lowest nodes still merge (a cap on the subtrees would have stopped them)."""
-    from hfl.simulate import run
+    from hfl.runtime.simulate import run
 
     merged: list[int] = []
     run_plan_requests = batched_module.run_plan_requests

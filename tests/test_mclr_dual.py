@@ -1,4 +1,4 @@
-"""MCLR's dual-form batched step (hfl.mclr_dual) computes the per-device path's models: plain
+"""MCLR's dual-form batched step (hfl.accel.mclr_dual) computes the per-device path's models: plain
 SGD, prox toward an anchor, inner steps with a moving anchor (pFedMe), short last batches."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from hfl import batched as batched_module
-from hfl import mclr_dual
-from hfl.batched import ConcatenatedData, FitPlan, Phase, run_plan, run_plans
-from hfl.device import DeviceRuntime
-from hfl.mclr_dual import dual_buckets, dual_pays, make_dual_data, phase_cost, size_buckets
+from hfl.accel import batched as batched_module
+from hfl.accel import mclr_dual
+from hfl.accel.batched import ConcatenatedData, FitPlan, Phase, run_plan, run_plans
+from hfl.device.state import DeviceRuntime
+from hfl.accel.mclr_dual import dual_buckets, dual_pays, make_dual_data, phase_cost, size_buckets
 from hfl.models import MCLR
-from hfl.simulate import run
-from hfl.training import BatchSampler, LocalTrainer
+from hfl.runtime.simulate import run
+from hfl.device.training import BatchSampler, LocalTrainer
 from tests.conftest import SMALL, compose_cfg
 from tests.test_batched import assert_same_run
 
@@ -140,7 +140,7 @@ def test_dual_run_equals_per_device_run(tmp_path, monkeypatch, name):
 
 
 def test_scaled_nll_gradient_by_hand():
-    from hfl.closed_forms import nll_targets, scaled_nll_grad
+    from hfl.accel.closed_forms import nll_targets, scaled_nll_grad
 
     # two devices (lr 1 and 0.1), two classes, two samples: equal logits (p = 1/2 each), then logits
     # (ln 3, 0) (p = 3/4, 1/4); the second device's second sample is padding (weight 0)

@@ -9,7 +9,7 @@ import pytest
 from hfl.data import build_federation
 from hfl.data.multilevel import block_of, check_clusters, true_models
 from hfl.errors import ConfigError
-from hfl.topology import form_teams
+from hfl.tree.formation import form_teams
 from tests.conftest import compose_cfg
 
 SHAPE = (3, 5)
@@ -75,7 +75,7 @@ def test_the_demo_shows_pm_above_team_above_gm_and_all_learning(tmp_path):
     """make run's experiment=demo, shortened to 6 in-process rounds."""
     import json
 
-    from hfl.simulate import run
+    from hfl.runtime.simulate import run
 
     run(compose_cfg("experiment=demo", "runtime=inprocess", "global_rounds=6"), tmp_path)
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hfl.errors import ConfigError
-from hfl.nodeopt import DEFAULTS, OPTIMIZERS, apply, check_spec, init_state
+from hfl.rules.nodeopt import DEFAULTS, OPTIMIZERS, apply, check_spec, init_state
 
 # Throughout: params [1, 2], target [3, 0], so delta = target - params = [2, -2].
 P = [np.array([1.0, 2.0])]

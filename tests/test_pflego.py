@@ -14,18 +14,18 @@ import torch.nn.functional as F
 from flwr.common import GetPropertiesIns, GetPropertiesRes, ndarrays_to_parameters
 from torch.func import functional_call
 
-from hfl.aggregate import mean_of, nbytes
+from hfl.rules.aggregate import mean_of, nbytes
 from hfl.algorithm import NodeContext
-from hfl.device import stored_device_states
+from hfl.device.state import stored_device_states
 from hfl.errors import ConfigError
 from hfl.models import MLP
-from hfl.node import device_data, federation_for, initial_model, model_classes
-from hfl.payload import Payload
-from hfl.recorder import fit_test_metrics
-from hfl.root import RootStrategy
-from hfl.sampling import DeviceDraw, sample_devices
-from hfl.simulate import run
-from hfl.store import StateStore
+from hfl.runtime.build import device_data, federation_for, initial_model, model_classes
+from hfl.node.payload import Payload
+from hfl.output.recorder import fit_test_metrics
+from hfl.node.root import RootStrategy
+from hfl.tree.sampling import DeviceDraw, sample_devices
+from hfl.runtime.simulate import run
+from hfl.state.store import StateStore
 from strategies import pflego
 from tests.conftest import compose_cfg
 
@@ -223,7 +223,7 @@ def test_tree_root_step_equals_flat(tmp_path, optimizer):
 
 
 def final_body_initial(tmp_path: Path) -> list[np.ndarray]:
-    from hfl.node import initial_model
+    from hfl.runtime.build import initial_model
 
     cfg = cfg_of("topology.fanout=[1,12]")
     full = initial_model(cfg, federation_for(cfg))
@@ -281,7 +281,7 @@ def test_ray_simulation_equals_inprocess(tmp_path):
 
 
 def test_hfl_report_shows_the_papers_figure_beside_the_paper(tmp_path):
-    from hfl import report
+    from hfl.output import report
 
     run(cfg_of("topology.fanout=[3,4]", "global_rounds=2"), tmp_path / "run")
     paper = tmp_path / "paper.yaml"

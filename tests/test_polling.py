@@ -1,4 +1,4 @@
-"""runtime.poll_interval: how often Flower's simulation looks for messages (hfl.polling)."""
+"""runtime.poll_interval: how often Flower's simulation looks for messages (hfl.runtime.polling)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from flwr.server.superlink.fleet.vce import vce_api
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from hfl.errors import ConfigError
-from hfl.polling import FLOWER_INTERVAL, PolledServerApp, dispatch_loop, simulation_polling
-from hfl.simulate import run
+from hfl.runtime.polling import FLOWER_INTERVAL, PolledServerApp, dispatch_loop, simulation_polling
+from hfl.runtime.simulate import run
 from tests.conftest import SMALL, compose_cfg
 
 

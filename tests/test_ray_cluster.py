@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import hfl.simulate
+import hfl.runtime.simulate
 from hfl.errors import ConfigError
-from hfl.resume import STATE_KEY
-from hfl.simulate import cluster_state_warning, run
-from hfl.store import StateStore
-from hfl.root import RootStrategy
+from hfl.state.resume import STATE_KEY
+from hfl.runtime.simulate import cluster_state_warning, run
+from hfl.state.store import StateStore
+from hfl.node.root import RootStrategy
 from tests.conftest import SMALL, compose_cfg
 
 TIMING = ("seconds", "compute_seconds")  # wall clock: the only fields allowed to differ
@@ -109,7 +109,7 @@ def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator:
 
 
 def _team_client_telling_its_ray_node(cfg: dict, context):  # noqa: ANN001, ANN202
-    """hfl's team client (hfl.apps.team_client), its fit replies also naming the Ray node the
+    """hfl's team client (hfl.runtime.apps.team_client), its fit replies also naming the Ray node the
     actor runs on. Runs in the actors: pickled by reference, imported there from this module.
     Each fit holds its actor for HOLD seconds more (timing only; the results are unchanged):
     Flower's simulation picks up messages every 0.1 s, so the round's other team, however late
@@ -118,7 +118,7 @@ def _team_client_telling_its_ray_node(cfg: dict, context):  # noqa: ANN001, ANN2
 
     import ray
 
-    from hfl.apps import team_client
+    from hfl.runtime.apps import team_client
 
     client = team_client(cfg, context)
     fit = client.fit
@@ -151,7 +151,7 @@ def test_two_node_ray_cluster_equals_a_fresh_single_node_instance(ray_cluster, t
     cfg = compose_cfg(*CLUSTER_RUN, f"runtime.ray_address={ray_cluster.address}", f"runtime.state_dir={shared}")
     with monkeypatch.context() as patch:
         patch.setattr(RootStrategy, "aggregate_fit", recording)
-        patch.setattr(hfl.simulate, "make_client_app",
+        patch.setattr(hfl.runtime.simulate, "make_client_app",
                       lambda cfg: ClientApp(client_fn=functools.partial(_team_client_telling_its_ray_node, cfg)))
         with caplog.at_level(logging.WARNING, logger="hfl"):
             on_cluster = run(cfg, tmp_path / "cluster")
@@ -199,7 +199,7 @@ def test_joining_a_cluster_with_the_state_in_the_run_directory_warns(tmp_path, m
     def started(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise Started
 
-    monkeypatch.setattr(hfl.simulate, "run_simulation", started)
+    monkeypatch.setattr(hfl.runtime.simulate, "run_simulation", started)
     with caplog.at_level(logging.WARNING, logger="hfl"), pytest.raises(Started):
         run(compose_cfg(*SMALL, "runtime=simulation", "runtime.ray_address=auto"), tmp_path)
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
@@ -207,7 +207,7 @@ def test_joining_a_cluster_with_the_state_in_the_run_directory_warns(tmp_path, m
 
 
 def test_flwr_run_keeps_each_runs_state_under_state_dir(tmp_path):
-    from hfl.apps import compose_config  # `flwr run .`: the config from the run config's overrides
+    from hfl.runtime.apps import compose_config  # `flwr run .`: the config from the run config's overrides
 
     assert compose_config(f"runtime.state_dir={tmp_path}", 7)["runtime"]["state_dir"] == str(tmp_path / "hfl-state-7")
     assert compose_config("", 7)["runtime"]["state_dir"] == str(Path(tempfile.gettempdir()) / "hfl-state-7")

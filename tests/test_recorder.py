@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from hfl.recorder import Recorder
+from hfl.output.recorder import Recorder
 
 
 def test_summary_medians_best_final_and_totals(tmp_path):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hfl.simulate import run
+from hfl.runtime.simulate import run
 from tests.conftest import compose_cfg
 from tests.regression.record import CASES, OUT, overrides, results
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hfl import report
+from hfl.output import report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -345,7 +345,7 @@ def test_level_final_prefers_summary_then_last_line(tmp_path):
     (run,) = report.collect_runs([run_dir])
     level1 = report.model_levels({"team_accuracy"})[0]
     assert report.final_value(run, level1.keys("accuracy")) == 0.3  # summary has no team: last line
-    run.summary["final"]["team_accuracy"] = 0.35  # as hfl/recorder.py writes it
+    run.summary["final"]["team_accuracy"] = 0.35  # as hfl/output/recorder.py writes it
     assert report.final_value(run, level1.keys("accuracy")) == 0.35
     run.metrics[-1]["team_accuracy"] = None
     del run.summary["final"]["team_accuracy"]

@@ -1,4 +1,4 @@
-"""Resuming a killed run (hfl.resume): it ends with the same models, node and device states,
+"""Resuming a killed run (hfl.state.resume): it ends with the same models, node and device states,
 metrics.jsonl and samples.jsonl (but for wall-clock fields) as the run never interrupted."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hfl import recorder as recorder_module
+from hfl.output import recorder as recorder_module
 from hfl.errors import ConfigError
-from hfl.resume import CHECKPOINT, read_checkpoint
-from hfl.simulate import run
-from hfl.store import PREVIOUS, StateStore, version_of
-from hfl.root import RootStrategy
+from hfl.state.resume import CHECKPOINT, read_checkpoint
+from hfl.runtime.simulate import run
+from hfl.state.store import PREVIOUS, StateStore, version_of
+from hfl.node.root import RootStrategy
 from tests.conftest import SMALL, compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,7 +195,7 @@ def test_resume_refuses_another_config_and_a_directory_without_a_run(tmp_path):
 # ---------------------------------------------------------------- hfl-simulate, SIGKILLed
 def _start(overrides: list[str], run_dir: Path, log: Path) -> subprocess.Popen:
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "hfl.simulate", *overrides, f"hydra.run.dir={run_dir}"],
+        return subprocess.Popen([sys.executable, "-m", "hfl.runtime.simulate", *overrides, f"hydra.run.dir={run_dir}"],
                                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -276,7 +276,7 @@ def _stored_at(root: Path) -> dict[str, dict[str, np.ndarray]]:
 
 
 def test_a_run_keeps_its_state_in_a_folder_of_its_own_under_state_dir_and_resumes_from_it(tmp_path, monkeypatch):
-    from hfl.resume import STATE_KEY
+    from hfl.state.resume import STATE_KEY
 
     cfg = compose_cfg(*PERMFL, "runtime=inprocess")
     run(cfg, tmp_path / "whole")

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from clients.fedavg import sgd_step
+from hfl.rules.steps import sgd_step
 from clients.permfl import device_step
-from hfl import aggregate
-from hfl.aggregate import all_finite, mean_of, update_problem
+from hfl.rules import aggregate
+from hfl.rules.aggregate import all_finite, mean_of, update_problem
 from hfl.models import CNN, DNN, MCLR, build_model, mclr_loss_and_grad
-from hfl.training import BatchSampler, LocalTrainer
-from hfl.evaluation import pool_evaluations
+from hfl.device.training import BatchSampler, LocalTrainer
+from hfl.node.evaluation import pool_evaluations
 from strategies.permfl import global_update, team_update
 
 

@@ -10,8 +10,10 @@ import logging
 import numpy as np
 import pytest
 
-from hfl import report, run_report
-from hfl.recorder import Recorder
+from hfl.output import report
+
+from hfl.output import run_report
+from hfl.output.recorder import Recorder
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 META = {"algorithm": "bhfl", "dataset": "synthetic", "model": "mclr"}

@@ -1,7 +1,7 @@
 """Scale on one machine (issue 11, item 3): devices exist only while they work. Generated data
 with the natural partition is made device by device when asked for (hfl.data.federation's
 LazyDevices), equal to the eager build; a lowest node builds only the devices a message asks
-(hfl.node.NodeDevices); the driver and a node's construction generate no device data."""
+(hfl.runtime.build.NodeDevices); the driver and a node's construction generate no device data."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from hfl import node as node_module
-from hfl.apps import build_global_strategy
+from hfl.runtime import build as node_module
+from hfl.runtime.apps import build_global_strategy
 from hfl.data import build_federation, federation, synthetic
-from hfl.device import stored_device_states
+from hfl.device.state import stored_device_states
 from hfl.errors import ConfigError
-from hfl.node import build_node, build_team_node, check_tree, federation_for, initial_model
-from hfl.simulate import run
-from hfl.store import StateStore
+from hfl.runtime.build import build_node, build_team_node, check_tree, federation_for, initial_model
+from hfl.runtime.simulate import run
+from hfl.state.store import StateStore
 from tests.conftest import compose_cfg
 
 FIELDS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")

@@ -1,4 +1,4 @@
-"""The config schema (hfl/schema.py): Hydra refuses a wrong type while composing, naming the
+"""The config schema (hfl/config/schema.py): Hydra refuses a wrong type while composing, naming the
 key; every NaN or infinite number is refused before training, naming the key; the schema
 declares types only (the values stay conf/'s); hfl-simulate prints either refusal as one line."""
 
@@ -17,11 +17,11 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import MISSING, OmegaConf
 
-from hfl import schema
-from hfl.apps import CONF_DIR
-from hfl.config import check_number, validate
+from hfl.config import schema
+from hfl.runtime.apps import CONF_DIR
+from hfl.config.checks import check_number, validate
 from hfl.errors import ConfigError
-from hfl.simulate import run
+from hfl.runtime.simulate import run
 from tests.conftest import SMALL, compose_cfg
 
 ROOT = Path(__file__).parents[1]
@@ -63,7 +63,7 @@ def test_schema_refuses_a_wrong_type_naming_the_key(overrides, message):
     [
         ("local_steps: 20 ", "local_steps: abc  # ", "algorithm.local_steps: must be an integer, got 'abc' "
                                                      "(in conf/algorithm/permfl.yaml)"),
-        ("eta: 0.03 ", "etaa: 0.03  # ", "algorithm.etaa: no such key in the schema (hfl/schema.py) "
+        ("eta: 0.03 ", "etaa: 0.03  # ", "algorithm.etaa: no such key in the schema (hfl/config/schema.py) "
                                         "(in conf/algorithm/permfl.yaml)"),
     ],
 )
@@ -145,7 +145,7 @@ def test_a_value_no_config_gave_is_refused_naming_the_key():
     ],
 )
 def test_cli_prints_one_line_naming_the_key(tmp_path, override, line):
-    proc = subprocess.run([sys.executable, "-m", "hfl.simulate", override, f"hydra.run.dir={tmp_path}"],
+    proc = subprocess.run([sys.executable, "-m", "hfl.runtime.simulate", override, f"hydra.run.dir={tmp_path}"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 1
     assert proc.stderr.strip() == line
@@ -153,11 +153,11 @@ def test_cli_prints_one_line_naming_the_key(tmp_path, override, line):
 
 
 def test_cli_help_lists_the_groups_and_cfg_job_prints_the_composed_config():
-    help_text = subprocess.run([sys.executable, "-m", "hfl.simulate", "--help"], capture_output=True, text=True,
+    help_text = subprocess.run([sys.executable, "-m", "hfl.runtime.simulate", "--help"], capture_output=True, text=True,
                                timeout=120, cwd=ROOT, check=True).stdout
     assert "algorithm: al2gd, bhfl," in help_text and "topology: by_label_average," in help_text
     assert "== Config ==" in help_text and "global_rounds: 30" in help_text
-    job = subprocess.run([sys.executable, "-m", "hfl.simulate", "algorithm=bhfl", "topology=tree", "--cfg", "job"],
+    job = subprocess.run([sys.executable, "-m", "hfl.runtime.simulate", "algorithm=bhfl", "topology=tree", "--cfg", "job"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT, check=True).stdout
     assert yaml.safe_load(job) == compose_cfg("algorithm=bhfl", "topology=tree")
 

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from clients.permfl import device_step
-from hfl.aggregate import mean_of
+from hfl.rules.aggregate import mean_of
 from hfl.models import build_model
-from hfl.node import build_team_node, federation_for, initial_model
+from hfl.runtime.build import build_team_node, federation_for, initial_model
 from hfl.seed import derive_seed
-from hfl.simulate import run
-from hfl.device import stored_device_states
-from hfl.store import StateStore
-from hfl.training import (
+from hfl.runtime.simulate import run
+from hfl.device.state import stored_device_states
+from hfl.state.store import StateStore
+from hfl.device.training import (
     BatchSampler,
     LocalTrainer,
     run_local_steps,
@@ -142,7 +142,7 @@ def _kill_device(node, device_id: int) -> None:
         raise ConnectionError(f"device {device_id} is gone")
 
     numpy_client.fit = dead
-    numpy_client.fit_plan = dead  # the batched path (hfl.batched) asks for a plan instead
+    numpy_client.fit_plan = dead  # the batched path (hfl.accel.batched) asks for a plan instead
 
 
 def test_dead_device_is_counted_and_the_team_round_goes_on(small_cfg, tmp_path):

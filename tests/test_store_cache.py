@@ -1,4 +1,4 @@
-"""The store's load cache (hfl.store): a file read back while unchanged comes from memory, and any
+"""The store's load cache (hfl.state.store): a file read back while unchanged comes from memory, and any
 change to it — a save here, another process's write, a rollback — is read from the file."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from hfl import store as store_module
-from hfl.store import StateStore, version_of
+from hfl.state import store as store_module
+from hfl.state.store import StateStore, version_of
 
 
 @pytest.fixture

@@ -89,7 +89,7 @@ def test_global_permfl_and_fedavg_rules(tmp_path):
 def test_the_root_keeps_its_model_and_rule_state_in_the_store_and_is_rebuilt_from_it(tmp_path):
     """The root is a node: after a round its model is in the store under node-root, versioned by
     the round; a root built on that store (a resumed run) starts from it, not from its initial model."""
-    from hfl.store import StateStore
+    from hfl.state.store import StateStore
 
     x = [np.array([8.0], dtype=np.float32)]
     root = root_strategy(PerMFLServer, x, {**ALG, "beta": 0.5, "gamma": 1.5}, tmp_path, num_teams=2, num_rounds=3)

@@ -31,7 +31,7 @@ def runner():
 
 
 def job(runner, out: Path, overrides: list[str]):
-    command = runner.tool("hfl-simulate", "hfl.simulate") + overrides + [f"hydra.run.dir={out / 'run'}"]
+    command = runner.tool("hfl-simulate", "hfl.runtime.simulate") + overrides + [f"hydra.run.dir={out / 'run'}"]
     return runner.Job("small", "permfl", 3, 2, out / "run", out / "run.log", command, overrides)
 
 

@@ -9,7 +9,7 @@ import yaml
 
 from hfl.data import build_federation
 from hfl.errors import ConfigError
-from hfl.topology import device_count_key, form_teams, form_tree, num_devices
+from hfl.tree.formation import device_count_key, form_teams, form_tree, num_devices
 
 CONF = Path(__file__).parents[1] / "conf" / "topology"
 

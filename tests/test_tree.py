@@ -1,4 +1,4 @@
-"""hfl.tree: paths, the Tree structure, random (fanout) and explicit (nested) formation."""
+"""hfl.tree.shape: paths, the Tree structure, random (fanout) and explicit (nested) formation."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from hfl.errors import ConfigError
-from hfl.topology import FORMATIONS, form_teams, form_tree, num_devices
-from hfl.tree import ROOT, Tree, child_path, from_fanout, from_nested, from_teams, level_of, parent_of
+from hfl.tree.formation import FORMATIONS, form_teams, form_tree, num_devices
+from hfl.tree.shape import ROOT, Tree, child_path, from_fanout, from_nested, from_teams, level_of, parent_of
 
 CONF = Path(__file__).parents[1] / "conf" / "topology"
 

@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
-from hfl.device import stored_device_states
+from hfl.device.state import stored_device_states
 from hfl.errors import ConfigError
-from hfl.node import build_node, federation_for, initial_model
-from hfl.payload import LocalParameters, Payload, pack, payload_nbytes, unpack
-from hfl.sampling import sample_children, sample_size
-from hfl.simulate import run
-from hfl.store import StateStore
-from hfl.tree_node import model_from_state, node_key
-from hfl.server import accept_results
+from hfl.runtime.build import build_node, federation_for, initial_model
+from hfl.node.payload import LocalParameters, Payload, pack, payload_nbytes, unpack
+from hfl.tree.sampling import sample_children, sample_size
+from hfl.runtime.simulate import run
+from hfl.state.store import StateStore
+from hfl.node.client import model_from_state, node_key
+from hfl.node.strategy import accept_results
 from tests.conftest import SMALL, compose_cfg
 
 BASE = [*SMALL, "runtime=inprocess", "global_rounds=2", "algorithm.local_steps=3", "dataset.max_samples=200"]

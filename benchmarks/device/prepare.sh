@@ -11,7 +11,7 @@ grep -qx '/.whl/' .git/info/exclude 2>/dev/null || printf '/.whl/\n/.gpudata/\n'
 mkdir -p .whl .gpudata/MNIST/raw
 cp ../shared/data/MNIST/raw/*.gz .gpudata/MNIST/raw/
 versions() { .venv/bin/pip show "$@" 2>/dev/null | awk '/^Name/{n=$2}/^Version/{print n"=="$2}'; }
-# What `import hfl.simulate` and a Ray team actor load that the image lacks (found by listing
+# What `import hfl.runtime.simulate` and a Ray team actor load that the image lacks (found by listing
 # sys.modules' distributions here against the image's package list, /work/.library/device/KINDS.md).
 specs=$(versions flwr hydra-core omegaconf grpcio grpcio-health-checking protobuf iterators pycryptodome dill \
   cryptography cffi pycparser tomli tomli-w jsonschema jsonschema-specifications referencing rpds-py mako sqlalchemy \

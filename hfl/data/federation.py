@@ -20,7 +20,7 @@ from typing import Any, Protocol, overload
 import numpy as np
 import torch
 
-from hfl import topology
+from hfl.tree import formation as topology
 from hfl.data import multilevel, synthetic, vision
 from hfl.data.partition import (
     classes_of_devices,
@@ -37,10 +37,10 @@ from hfl.data.partition import (
     split_train_test,
     split_train_val_test,
 )
-from hfl.config import check_number
+from hfl.config.checks import check_number
 from hfl.errors import ConfigError
 from hfl.seed import derive_seed, rng
-from hfl.tree import Tree
+from hfl.tree.shape import Tree
 
 GENERATED = ("synthetic", "synthetic_multilevel")  # made from the seed, nothing on disk
 # Generated data with partition=natural (and no proxy pool): devices made when asked for

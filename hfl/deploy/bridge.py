@@ -23,7 +23,7 @@ from flwr.common import NDArrays, Scalar
 from hfl.deploy.control import ControlClient
 from hfl.deploy.jobs import TeamJob, load_arrays, save_arrays
 from hfl.deploy.team_run import team_job_result
-from hfl.evaluation import evaluation_result
+from hfl.node.evaluation import evaluation_result
 
 log = logging.getLogger("hfl")
 

@@ -72,7 +72,7 @@ def role_commands(args: argparse.Namespace) -> list[list[str]]:
 
 
 def submit(args: argparse.Namespace) -> int:
-    from hfl.apps import (
+    from hfl.runtime.apps import (
         compose_config,  # validates the overrides here, before anything is sent
     )
 
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(str(p) for p in paths.values()))
             return 0
         if args.command == "export-data":
-            from hfl.apps import compose_config
+            from hfl.runtime.apps import compose_config
             from hfl.deploy.device import export_device_data
 
             export_device_data(compose_config(shlex.join(args.overrides), 0), args.device_id, args.out)

@@ -20,13 +20,13 @@ import torch
 from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 
-from clients.base import DeviceClient
-from hfl.config import load_module
+from hfl.device.client import DeviceClient
+from hfl.config.checks import load_module
 from hfl.data import DeviceData
 from hfl.models import build_model
-from hfl.node import device_runtime, federation_for
-from hfl.store import StateStore
-from hfl.training import LocalTrainer
+from hfl.runtime.build import device_runtime, federation_for
+from hfl.state.store import StateStore
+from hfl.device.training import LocalTrainer
 
 DEFAULT_STATE_DIR = Path.home() / ".cache" / "hfl" / "device-state"
 

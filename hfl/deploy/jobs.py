@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from flwr.common import NDArrays
 
-from hfl.store import atomic_savez, atomic_write_bytes
+from hfl.state.store import atomic_savez, atomic_write_bytes
 
 ACTIONS = ("fit", "evaluate")
 

@@ -26,8 +26,8 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from hfl.deploy.jobs import TeamJob, load_arrays, save_arrays, write_json
-from hfl.evaluation import DeviceScore, target_report
-from hfl.payload import decode, payload_nbytes
+from hfl.node.evaluation import DeviceScore, target_report
+from hfl.node.payload import decode, payload_nbytes
 
 log = logging.getLogger("hfl")
 

@@ -11,15 +11,15 @@ from flwr.common import Context
 from flwr.server import ServerAppComponents, ServerConfig
 
 from hfl.algorithm import NodeContext
-from hfl.config import load_server
+from hfl.config.checks import load_server
 from hfl.deploy.bridge import BridgeSettings, TeamBridge
 from hfl.deploy.control import ControlClient
 from hfl.deploy.device import device_client
 from hfl.deploy.jobs import TeamJob, load_arrays
 from hfl.deploy.team_run import TeamEvaluationRun, TeamFitRun
-from hfl.node import federation_for
-from hfl.payload import Payload
-from hfl.server import NodeStrategy
+from hfl.runtime.build import federation_for
+from hfl.node.payload import Payload
+from hfl.node.strategy import NodeStrategy
 
 TIERS = ("global", "team")
 ROLES = ("team", "device")
@@ -52,7 +52,7 @@ def team_server_components(cfg: Mapping, context: Context) -> ServerAppComponent
     alg, runtime = cfg["algorithm"], cfg["runtime"]
     if job.action == "fit":
         # The team host's node: the algorithm's rule at level 1 of a three-tier tree, from its
-        # parent's model alone (hfl.config refuses algorithms whose nodes need more there). A team
+        # parent's model alone (hfl.config.checks refuses algorithms whose nodes need more there). A team
         # host need not hold the data, so its context has no federation.
         parent = Payload("model", {"model": load_arrays(job.parent)})
         rule = load_server(alg)(NodeContext(cfg, str(job.team_id), 2, parent, None, None))

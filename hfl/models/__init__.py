@@ -67,7 +67,7 @@ class BodyHead(nn.Module):
     """A feature extractor ``body`` (flat features of size ``feature_dim``) under a linear ``head``.
 
     The head is registered last, so its tensors are the last two parameters
-    (``hfl.personal.head_mask(names, 1)`` selects them): PFLEGO-style algorithms keep it personal.
+    (``hfl.rules.personal.head_mask(names, 1)`` selects them): PFLEGO-style algorithms keep it personal.
     """
 
     def __init__(self, body: nn.Sequential, feature_dim: int, num_classes: int) -> None:
@@ -152,7 +152,7 @@ class ResNet9(BodyHead):
     (widths 8/16/32/64, strides 1/2/2/2), global average pooling (their avg-pool(4) on 32x32
     inputs; adaptive, so 28x28 works too), then the linear head 64 -> classes (83,852
     parameters on 3x32x32 inputs with 100 classes). Has BatchNorm: its running statistics are
-    buffers, not parameters; hfl.training.LocalTrainer carries them beside the parameters (sent
+    buffers, not parameters; hfl.device.training.LocalTrainer carries them beside the parameters (sent
     and averaged like a state_dict, never stepped by gradients)."""
 
     WIDTHS = (8, 16, 32, 64)

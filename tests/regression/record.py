@@ -5,7 +5,7 @@ Run before an engine change (``python -m tests.regression.record [names]``) and 
 same results (float tolerance 1e-6):
 
 - ``global``: the root's final model (``checkpoints/global_model.npz``);
-- ``state/<key>/<name>``: every array of every stored node and device state (hfl.store), the
+- ``state/<key>/<name>``: every array of every stored node and device state (hfl.state.store), the
   nodes' models, optimiser moments, samplers and the devices' personal models and samplers;
 - ``metrics/<field>``: every number of every ``metrics.jsonl`` row but wall-clock fields.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hfl.device import stored_device_states
-from hfl.store import StateStore
+from hfl.device.state import stored_device_states
+from hfl.state.store import StateStore
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "models.npz"
@@ -115,7 +115,7 @@ def results(run_dir: Path) -> dict[str, np.ndarray]:
 
 
 def record(case: str) -> dict[str, np.ndarray]:
-    from hfl.simulate import run
+    from hfl.runtime.simulate import run
     from tests.conftest import compose_cfg
 
     with tempfile.TemporaryDirectory() as tmp:

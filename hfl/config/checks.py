@@ -1,0 +1,267 @@
+"""Checks on the composed configuration, run before any training starts."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+from hfl.errors import ConfigError
+
+MISSING = "???"  # OmegaConf's mark for a value no config gave (omegaconf.MISSING)
+
+RUNTIMES = ("simulation", "inprocess", "deployment")
+
+
+def check_number(
+    key: str,
+    value: Any,
+    *,
+    integer: bool = False,
+    minimum: float = -math.inf,
+    maximum: float = math.inf,
+    open_min: bool = False,
+    open_max: bool = False,
+) -> Any:
+    """``value`` if it is an integer (or any number) within the bounds; else a ConfigError
+    naming ``key``. Booleans are rejected: YAML's ``true`` for a count is a typo; so are NaN and
+    infinities, whatever the bounds."""
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise ConfigError(key, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(key, f"must be a finite number, got {value}")
+    if value < minimum or value > maximum or (open_min and value == minimum) or (open_max and value == maximum):
+        if maximum == math.inf:
+            allowed = f"{'>' if open_min else '>='} {minimum}"
+        else:
+            allowed = f"in {'(' if open_min else '['}{minimum}, {maximum}{')' if open_max else ']'}"
+        raise ConfigError(key, f"must be {allowed}, got {value}")
+    return value
+
+
+def check_number_list(key: str, value: Any, what: str, **bounds: Any) -> list:
+    """``value`` if it is a non-empty list whose entries pass ``check_number(**bounds)``
+    (each error names ``key[i]``); else a ConfigError naming ``key``."""
+    if not isinstance(value, list | tuple) or not value:
+        raise ConfigError(key, f"must be null or a non-empty list of {what}, got {value!r}")
+    return [check_number(f"{key}[{i}]", v, **bounds) for i, v in enumerate(value)]
+
+
+def _number(cfg: Mapping, path: str, *, minimum: float, integer: bool = False, strict: bool = False) -> None:
+    node: Any = cfg
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            raise ConfigError(path, "missing")
+        node = node[part]
+    check_number(path, node, integer=integer, minimum=minimum, open_min=strict)
+
+
+def load_module(alg: Mapping, role: str) -> ModuleType:
+    """The algorithm's strategy or client module, named in its config."""
+    name = alg.get(role)
+    try:
+        return importlib.import_module(str(name))
+    except ImportError as exc:
+        raise ConfigError(f"algorithm.{role}", f"cannot import {name!r}: {exc}") from exc
+
+
+def load_server(alg: Mapping) -> type:
+    """The algorithm's server rule: ``SERVER`` of its strategy module, a subclass of
+    ``hfl.algorithm.ServerRule`` (the written protocol)."""
+    from hfl.algorithm import ServerRule
+
+    module = load_module(alg, "strategy")
+    server = getattr(module, "SERVER", None)
+    if not (isinstance(server, type) and issubclass(server, ServerRule)):
+        raise ConfigError("algorithm.strategy", f"module {module.__name__} has no SERVER (a subclass of "
+                                                "hfl.algorithm.ServerRule)")
+    return server
+
+
+# children: every node samples ``sample_fraction`` of its children per round (per level);
+# devices: the root draws ``sample_fraction`` of all devices per global round (uniform across the
+# tree, PFLEGO) and a node asks only the children holding a drawn device.
+SAMPLINGS = ("children", "devices")
+
+
+def _check_levels(alg: Mapping) -> None:
+    """Per-level settings: ``level_rounds`` (null or a list of ints >= 1, levels 1..D-1) and
+    ``sample_fraction`` (a number in (0, 1] or such a list, root first; one number with
+    ``sampling=devices``). Their lengths are checked against the tree once it is built
+    (hfl.runtime.build.check_tree)."""
+    for key in ("any_depth", "persistent_devices", "local_labels", "fit_test"):
+        if key in alg and not isinstance(alg[key], bool):
+            raise ConfigError(f"algorithm.{key}", f"must be true or false, got {alg[key]!r}")
+    if alg.get("level_rounds") is not None:
+        check_number_list("algorithm.level_rounds", alg["level_rounds"], "rounds per level", integer=True, minimum=1)
+    fraction = alg.get("sample_fraction", 1.0)
+    sampling = alg.get("sampling", "children")
+    if sampling not in SAMPLINGS:
+        raise ConfigError("algorithm.sampling", f"unknown sampling {sampling!r}; known: {', '.join(SAMPLINGS)}")
+    if sampling == "devices" and isinstance(fraction, list | tuple):
+        raise ConfigError("algorithm.sample_fraction", "with algorithm.sampling=devices it is one number: the "
+                                                       f"fraction of all devices drawn per global round, got {fraction!r}")
+    values = fraction if isinstance(fraction, list | tuple) else [fraction]
+    if not values:
+        raise ConfigError("algorithm.sample_fraction", "must be a number or a non-empty list")
+    for i, value in enumerate(values):
+        key = f"algorithm.sample_fraction[{i}]" if isinstance(fraction, list | tuple) else "algorithm.sample_fraction"
+        check_number(key, value, minimum=0, maximum=1, open_min=True)
+
+
+def check_finite(value: Any, key: str = "") -> None:
+    """Refuse, naming its key, every NaN or infinite number anywhere in ``value`` (nested
+    mappings and lists; list entries are named ``key[i]``), and every value a schema left
+    missing (``???``: no config file or override gave one)."""
+    if isinstance(value, Mapping):
+        for name, item in value.items():
+            check_finite(item, f"{key}.{name}" if key else str(name))
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            check_finite(item, f"{key}[{i}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(key, f"must be a finite number, got {value}")
+    elif isinstance(value, str) and value == MISSING:
+        raise ConfigError(key, "missing: no value given (conf/ or an override must set it)")
+
+
+def validate(cfg: Mapping) -> None:
+    """Raise ConfigError naming the first invalid key. Types are the schema's (hfl/config/schema.py,
+    checked by Hydra while composing); this checks what a type cannot say. Data and topology
+    keys are checked by ``hfl.data.build_federation`` when the federation is built (also
+    before training)."""
+    check_finite(cfg)
+    _number(cfg, "global_rounds", minimum=1, integer=True)
+    _number(cfg, "eval_every", minimum=1, integer=True)
+    _number(cfg, "seed", minimum=0, integer=True)
+    _number(cfg, "dataset.batch_size", minimum=1, integer=True)
+    _number(cfg, "algorithm.team_rounds", minimum=1, integer=True)
+    _number(cfg, "algorithm.local_steps", minimum=1, integer=True)
+    _number(cfg, "algorithm.alpha", minimum=0, strict=True)
+    alg = cfg["algorithm"]
+    if "min_fit_fraction" in alg:
+        _number(cfg, "algorithm.min_fit_fraction", minimum=0, strict=True)
+        if alg["min_fit_fraction"] > 1:
+            raise ConfigError("algorithm.min_fit_fraction", f"must be <= 1, got {alg['min_fit_fraction']}")
+    if not isinstance(alg.get("weighted"), bool):
+        raise ConfigError("algorithm.weighted", f"must be true or false, got {alg.get('weighted')!r}")
+    # An algorithm checks its own hyper-parameters (raising ConfigError) before training: its
+    # server's, and its device client module's own check_config, which the protocol leaves optional.
+    load_server(alg).check_config(alg)
+    client = load_module(alg, "client")
+    if not callable(getattr(client, "make_client", None)):
+        raise ConfigError("algorithm.client", f"module {client.__name__} lacks make_client")
+    getattr(client, "check_config", lambda alg: None)(alg)
+    _check_levels(alg)
+    if not isinstance(alg.get("global_model", True), bool):
+        raise ConfigError("algorithm.global_model", f"must be true or false, got {alg.get('global_model')!r}")
+    runtime = cfg.get("runtime", {})
+    if runtime.get("name") not in RUNTIMES:
+        raise ConfigError("runtime.name", f"unknown runtime {runtime.get('name')!r}; known: {', '.join(RUNTIMES)}")
+    if runtime.get("name") == "deployment" and alg.get("sampling", "children") == "devices":
+        raise ConfigError("algorithm.sampling", "'devices' needs the root to address level-1 nodes by path, which "
+                                                "the deployment's team SuperLinks do not offer yet; run it in simulation")
+    if runtime.get("name") == "deployment" and load_server(alg).node_state:
+        raise ConfigError("algorithm.name", f"{alg.get('name')!r} keeps node state across calls, which the "
+                                            "deployment's team runs do not carry yet; run it in simulation")
+    _number(cfg, "runtime.torch_threads", minimum=1, integer=True)
+    if "batched_threads" in runtime:  # simulation and inprocess (a deployment never batches)
+        _number(cfg, "runtime.batched_threads", minimum=1, integer=True)
+    for key in ("dropout", "dropout_nodes"):  # simulated faults (hfl.node.faults)
+        if key in runtime:
+            check_number(f"runtime.{key}", runtime[key], minimum=0, maximum=1, open_max=True)
+            if runtime[key] > 0 and runtime.get("name") == "deployment":
+                raise ConfigError(f"runtime.{key}", "simulated faults are for runtime=simulation and "
+                                                    "runtime=inprocess; a deployment has real ones")
+    _check_accelerators(alg, runtime)
+    address = runtime.get("ray_address")
+    if address is not None and (not isinstance(address, str) or not address.strip()):
+        raise ConfigError("runtime.ray_address", "must be null (a fresh local Ray instance) or the address of a Ray "
+                                                 f"cluster ('auto', 'host:port', 'ray://host:port'), got {address!r}")
+    check_state_dir(runtime)
+
+
+DEVICES = ("auto", "cpu", "cuda")
+BATCHED = ("auto", "on", "off")
+
+
+def batched_setting(runtime: Mapping) -> str:
+    """``runtime.batched`` as one of auto|on|off (YAML reads a bare on/off as a boolean)."""
+    value = runtime.get("batched", "auto")
+    if isinstance(value, bool) or str(value).lower() in ("true", "false"):
+        return "on" if str(value).lower() == "true" else "off"
+    return str(value).lower()
+
+
+def _check_accelerators(alg: Mapping, runtime: Mapping) -> None:
+    device = str(runtime.get("device", "auto")).lower()
+    if device not in DEVICES:
+        raise ConfigError("runtime.device", f"must be one of {', '.join(DEVICES)}, got {runtime.get('device')!r}")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("runtime.device", "cuda was asked for but torch sees no CUDA GPU on this machine "
+                                                "(runtime.device=auto falls back to the CPU)")
+    batched = batched_setting(runtime)
+    if batched not in BATCHED:
+        raise ConfigError("runtime.batched", f"must be one of {', '.join(BATCHED)}, got {runtime.get('batched')!r}")
+    if batched == "on" and not alg.get("batched", False):
+        raise ConfigError("runtime.batched", f"algorithm {alg.get('name')!r} has no batched device path "
+                                             "(algorithm.batched is false); use runtime.batched=auto or off")
+    if batched == "on" and runtime.get("name") == "deployment":
+        raise ConfigError("runtime.batched", "every device is its own process in a deployment; use auto or off")
+    gpus = runtime.get("num_gpus_per_team")
+    if gpus is not None:
+        check_number("runtime.num_gpus_per_team", gpus, minimum=0)
+    poll = runtime.get("poll_interval")
+    if poll is not None:  # seconds: below 1 ms a loop only spins; above 1 s (a value meant in ms?) rounds crawl
+        check_number("runtime.poll_interval", poll, minimum=0.001, maximum=1.0)
+
+
+def check_state_dir(runtime: Mapping) -> None:
+    """``runtime.state_dir``: null (the run directory's ``state/``), or the absolute path of a
+    directory every Ray node mounts (and the driver, which prepares and rolls back the store).
+    Relative paths are refused: each Ray worker would resolve it against its own working
+    directory. A directory that does not exist yet must be creatable."""
+    import os
+    from pathlib import Path
+
+    value = runtime.get("state_dir")
+    if value is None:
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError("runtime.state_dir", "must be null (the run directory's state/) or the absolute path "
+                                               f"of a directory every Ray node mounts, got {value!r}")
+    path = Path(value)
+    if not path.is_absolute():
+        raise ConfigError("runtime.state_dir", f"must be an absolute path (every Ray node resolves it alike), "
+                                               f"got {value!r}")
+    existing = next(p for p in (path, *path.parents) if p.exists())  # "/" always exists
+    if not existing.is_dir():
+        raise ConfigError("runtime.state_dir", f"{value}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError("runtime.state_dir", f"{value}: {existing} is not writable here")
+
+
+# Device clients that step models outside hfl.device.training.run_local_steps: BatchNorm's running
+# statistics (a model's buffers, hfl.device.training.LocalTrainer) would not follow their training.
+BUFFERLESS_CLIENTS = {
+    "clients.perfedavg": "takes its own meta-gradient steps",
+    "clients.pfedme": "takes its own inner gradient steps",
+    "clients.pfedbayes": "treats every tensor as a Gaussian weight",
+    "clients.pflego": "sends the body's gradient, and running statistics have none",
+}
+
+
+def check_model_buffers(cfg: Mapping, has_buffers: bool) -> None:
+    """Refuse, naming ``model.name``, a model with buffers (``LocalTrainer(model).has_buffers``)
+    under an algorithm that cannot carry them. To be called before training."""
+    alg = cfg["algorithm"]
+    client = str(alg.get("client"))
+    if has_buffers and client in BUFFERLESS_CLIENTS:
+        raise ConfigError("model.name", f"{cfg['model'].get('name')!r} keeps BatchNorm running statistics, which "
+                                        f"algorithm {alg.get('name')!r} cannot carry (its device "
+                                        f"{BUFFERLESS_CLIENTS[client]}); use a model without BatchNorm")

@@ -1,0 +1,550 @@
+"""The config schema: Hydra structured configs (dataclasses in Hydra's ConfigStore) that
+declare the type of every key of every config group, checked by Hydra while it composes.
+
+Layout (Hydra's "Structured Config schema" pattern, the schema in its own config group):
+every YAML file of ``conf/`` extends its schema from its defaults list, e.g.
+``conf/algorithm/permfl.yaml`` starts with ``defaults: [/schema/algorithm/permfl@_here_, _self_]``,
+and ``conf/config.yaml`` with ``/schema/config`` (the top-level keys; the groups are typed by
+their options' files, so a new option whose file names no schema still composes, untyped, and
+``tests/test_schema.py`` flags it). The schemas live in the ``schema/...`` groups
+rather than beside the options they check, so ``algorithm=glob(*)`` sweeps and the group
+listing of ``hfl-simulate --help`` stay the real options (the help lists ``schema/*`` as
+groups of their own: they are not meant to be selected).
+
+What is typed here: every key's type (``int``, ``float``, ``bool``, ``str``, ``Optional[...]``
+for the nullable ones, ``List[int]``/``List[float]``/``List[List[int]]`` where a list has one
+shape), so a wrong type is refused while Hydra composes, naming the key
+(``algorithm.local_steps=abc``, ``global_rounds=1.5``, ``algorithm.personalized=maybe``);
+``hfl-simulate`` prints it as one line (``config_error`` turns Hydra's error into a
+``ConfigError``). Float keys accept integers (``algorithm.alpha=1`` is 1.0; so the runtime's
+seconds and ``num_cpus_per_team``, floats, show as ``1.0`` where the YAML says ``1``).
+
+Algorithms differ in their keys. ``AlgorithmConfig`` declares the keys every algorithm has;
+each algorithm with more keys has a dataclass subclassing it (``PerMFLConfig``, ``BHFLConfig``,
+...) whose schema its YAML file names, so its own keys are typed too. A schema is closed, as
+Hydra's configs are: a key no schema declares needs ``+key=value`` (``++`` to add or set),
+as before; a preset that sets another algorithm's key (``experiment=permfl_mnist_mclr
+algorithm=fedavg`` sets ``algorithm.eta``) is refused naming that key. Datasets likewise:
+``DatasetConfig`` for the keys common to all, then ``VisionDatasetConfig``,
+``SyntheticDatasetConfig`` and ``SyntheticMultilevelDatasetConfig``; models (``hidden`` for
+the MLP/DNN/CNN), topologies (``fanout``/``nodes`` for ``tree``) and runtimes the same way.
+
+Defaults are declared once, in the YAML files: every schema field is ``MISSING`` here, so a
+value comes only from ``conf/`` (or an override), and a YAML file that forgets a key its
+schema declares leaves it ``???``, which ``hfl.config.checks.validate`` refuses naming the key.
+
+What stays a check before training (``hfl.config.checks.validate``, an algorithm's
+``check_config``, ``hfl.data`` and ``hfl.tree.formation``), because a type cannot say it:
+
+- ranges (``global_rounds >= 1``, ``0 < sample_fraction <= 1`` ...) and finiteness (every NaN
+  or infinite number anywhere in the config is refused with its key by ``validate``);
+- allowed values of string keys (``algorithm.sampling``, ``algorithm.variant``, optimisers,
+  ``dataset.partition``, ``topology.formation``, ``runtime.name``, ``model.name``): OmegaConf's
+  Enum fields would hand the code Enum members instead of the strings it compares and
+  JSON-copies, the sets belong to the modules that implement them, and their checks name the
+  key and list the known values;
+- keys of more than one shape, typed ``Any``: ``dataset.normalize`` ([mean, std], per-channel
+  lists, null or ``per_feature``), ``algorithm.sample_fraction`` (a number or a list, root
+  first), ``topology.nodes`` (nested lists of any depth), ``algorithm.levels`` (per-depth
+  optimiser overrides);
+- two keys whose wrong types the existing tests pin to the check's own message
+  (``tests/test_config.py``: ``algorithm.weighted=maybe``; ``tests/test_baselines.py``:
+  ``algorithm.head_steps=1.5``): ``algorithm.weighted`` and ``algorithm.head_steps`` are ``Any``
+  here, and validate / FedRep's check_config refuse a non-bool / non-integer naming the key.
+
+``register()`` stores the schemas; it must run before Hydra composes from ``conf/``. It runs
+when ``hfl.runtime.apps`` (which defines ``CONF_DIR``) is imported, and ``hfl-simulate``,
+``hfl.runtime.apps.compose_config`` and the tests' ``compose_cfg`` call it again (it is idempotent).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+from omegaconf import MISSING
+
+from hfl.errors import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+# Fields are declared without a default (MISSING): values come from conf/*.yaml only.
+# `from __future__ import annotations` is fine: OmegaConf resolves the annotations.
+
+
+# ----------------------------------------------------------------------------- algorithm
+@dataclass
+class NodeOptConfig:
+    """A B-HFL node optimiser (hfl/rules/nodeopt.py): ``optimizer`` in replace | sgd | adam | yogi |
+    adagrad (checked by hfl.rules.nodeopt)."""
+
+    optimizer: str = MISSING
+    lr: float = MISSING
+    momentum: float = MISSING
+    beta1: float = MISSING
+    beta2: float = MISSING
+    tau: float = MISSING
+    bias_correction: bool = MISSING
+
+
+@dataclass
+class AlgorithmConfig:
+    """The keys every algorithm has."""
+
+    name: str = MISSING
+    strategy: str = MISSING  # module whose SERVER is the algorithm's server rule (hfl.algorithm)
+    client: str = MISSING  # module with make_client
+    personalized: bool = MISSING
+    team_rounds: int = MISSING  # K
+    local_steps: int = MISSING  # L
+    alpha: float = MISSING
+    weighted: Any = MISSING  # true | false: checked by hfl.config.checks.validate (tests pin its message)
+    min_fit_fraction: float = MISSING
+    # Its device client can step all of a node's sampled devices as one computation (hfl.accel.batched);
+    # false: always the per-device path. runtime.batched picks between them.
+    batched: bool = MISSING
+
+
+@dataclass
+class PerMFLConfig(AlgorithmConfig):
+    eta: float = MISSING
+    lam: float = MISSING
+    gamma: float = MISSING
+    beta: float = MISSING
+    prox_slip: bool = MISSING
+
+
+@dataclass
+class HierFAVGConfig(AlgorithmConfig):
+    any_depth: bool = MISSING
+
+
+@dataclass
+class FedAvgConfig(HierFAVGConfig):
+    local_labels: bool = MISSING
+    fit_test: bool = MISSING
+    sampling: str = MISSING  # children | devices
+    sample_fraction: Any = MISSING  # a number or a list, root first
+
+
+@dataclass
+class FedAvgFtConfig(FedAvgConfig):
+    """FedAvg+ (FedAvg, then each device fine-tunes the global model before testing it)."""
+
+    global_model: bool = MISSING
+    pm_base: str = MISSING  # gm: the PM is the global model the node sends, fine-tuned by the device
+    finetune_epochs: int = MISSING
+    finetune_lr: float = MISSING
+
+
+@dataclass
+class FedPerConfig(FedAvgConfig):
+    global_model: bool = MISSING
+    head_layers: int = MISSING
+
+
+@dataclass
+class FedProxConfig(HierFAVGConfig):
+    mu: float = MISSING
+
+
+@dataclass
+class FedRepConfig(HierFAVGConfig):
+    global_model: bool = MISSING
+    head_steps: Any = MISSING  # an integer >= 1: checked by strategies.fedrep (tests pin its message)
+    head_layers: int = MISSING
+
+
+@dataclass
+class LocalConfig(HierFAVGConfig):
+    global_model: bool = MISSING
+
+
+@dataclass
+class DittoConfig(HierFAVGConfig):
+    lam: float = MISSING
+
+
+@dataclass
+class L2GDConfig(AlgorithmConfig):
+    """L2GD and AL2GD."""
+
+    lam_global: float = MISSING
+    lam_team: float = MISSING
+
+
+@dataclass
+class DemLearnConfig(AlgorithmConfig):
+    mu: float = MISSING
+    mix: float = MISSING
+
+
+@dataclass
+class PerFedAvgConfig(AlgorithmConfig):
+    """Per-FedAvg, both variants."""
+
+    beta: float = MISSING
+    variant: str = MISSING  # fo | hf
+    delta: float = MISSING
+
+
+@dataclass
+class PFedMeConfig(AlgorithmConfig):
+    lam: float = MISSING
+    beta: float = MISSING
+    inner_steps: int = MISSING
+    personal_lr: float = MISSING
+
+
+@dataclass
+class PFedBayesConfig(AlgorithmConfig):
+    personal_steps: int = MISSING
+    personal_lr: float = MISSING
+    zeta: float = MISSING
+    rho_offset: float = MISSING
+    noise_scale: float = MISSING
+    beta: float = MISSING
+
+
+@dataclass
+class PFLEGOConfig(HierFAVGConfig):
+    global_model: bool = MISSING
+    level_models: bool = MISSING
+    pm_base: str = MISSING
+    local_labels: bool = MISSING
+    personal_heads: bool = MISSING
+    sampling: str = MISSING  # children | devices
+    sample_fraction: Any = MISSING  # a number or a list, root first
+    server_lr: float = MISSING
+    server_optimizer: str = MISSING  # adam | sgd
+    level_rounds: Optional[List[int]] = MISSING
+    fit_test: bool = MISSING
+
+
+@dataclass
+class BHFLConfig(HierFAVGConfig):
+    level_rounds: Optional[List[int]] = MISSING  # T_q per inner level 1..D-1
+    sample_fraction: Any = MISSING  # a number or a list, root first
+    up: NodeOptConfig = field(default_factory=NodeOptConfig)
+    down: NodeOptConfig = field(default_factory=NodeOptConfig)
+    levels: Any = MISSING  # per-depth overrides of up/down: {depth: {up: {...}, down: {...}}}
+    persistent_devices: bool = MISSING
+    residual_down: bool = MISSING
+    residual_down_opt: NodeOptConfig = field(default_factory=NodeOptConfig)
+    residual_up_k: int = MISSING
+    residual_up_opt: NodeOptConfig = field(default_factory=NodeOptConfig)
+    proxy_samples: Optional[List[int]] = MISSING  # per level 0..D-1
+    proxy_steps: int = MISSING
+    proxy_lr: float = MISSING
+
+
+@dataclass
+class FeMAMConfig(HierFAVGConfig):
+    """FeMAM and FeSEM (strategies.femam)."""
+
+    global_model: bool = MISSING
+    level_models: bool = MISSING
+    levels: List[int] = MISSING  # groups per level: 1 = global, K = clusters, 0 = personal (last only)
+    team_level: Optional[int] = MISSING  # 1-based cluster level whose groups are the lowest servers (fixed)
+    assign: str = MISSING  # kmeans | nearest
+    schedule: str = MISSING  # fixed | convergence
+    rounds_per_level: List[int] = MISSING
+    converge_window: int = MISSING
+    converge_tol: float = MISSING
+    local_epochs: Optional[int] = MISSING
+    prox: float = MISSING
+    prune: str = MISSING  # paper | code | none
+    prune_window: int = MISSING
+    kmeans_n_init: int = MISSING
+    level_rounds: Optional[List[int]] = MISSING
+
+
+# ------------------------------------------------------------------------------- dataset
+@dataclass
+class DatasetConfig:
+    """The keys every dataset has."""
+
+    name: str = MISSING
+    root: Optional[str] = MISSING
+    download: bool = MISSING
+    partition: str = MISSING  # classes | iid | dirichlet | natural | roundrobin | clusterwise | multilevel (hfl.data)
+    classes_per_device: int = MISSING
+    min_per_class: int = MISSING
+    size_sigma: float = MISSING
+    dirichlet_alpha: float = MISSING
+    min_samples_per_device: int = MISSING  # partition=dirichlet: redraw until every device has this many
+    num_clusters: int = MISSING  # partition=clusterwise: K
+    cluster_classes: int = MISSING  # partition=clusterwise: c classes per cluster
+    level_clusters: List[int] = MISSING  # partition=multilevel: clusters per level, coarse to fine
+    level_classes: Optional[List[int]] = MISSING  # partition=multilevel: classes per cluster per level; null = rule
+    train_fraction: float = MISSING
+    val_fraction: float = MISSING  # share of each device's training part held out for validation
+    proxy_fraction: float = MISSING
+    batch_size: int = MISSING
+
+
+@dataclass
+class VisionDatasetConfig(DatasetConfig):
+    """MNIST, Fashion-MNIST, EMNIST, CIFAR-10."""
+
+    normalize: Any = MISSING  # [mean, std], [[means...], [stds...]], per_feature or null
+
+
+@dataclass
+class SyntheticDatasetConfig(DatasetConfig):
+    """Synthetic(alpha, beta)."""
+
+    alpha: float = MISSING
+    beta: float = MISSING
+    num_features: int = MISSING
+    num_classes: int = MISSING
+    size_mean: float = MISSING
+    min_samples: int = MISSING
+    max_samples: Optional[int] = MISSING
+    size_scale: int = MISSING
+    lazy: bool = MISSING  # partition=natural: each device generated when asked for (hfl/data/federation.py)
+    cache_mb: float = MISSING  # lazy devices kept per process within this budget
+
+
+@dataclass
+class SyntheticMultilevelDatasetConfig(DatasetConfig):
+    """Synthetic data with nested cluster-level models (hfl/data/multilevel.py)."""
+
+    clusters: List[int] = MISSING  # clusters per level, coarse to fine
+    scales: List[float] = MISSING  # std of the global part, of each cluster level's part, of the device's own
+    beta: float = MISSING
+    num_features: int = MISSING
+    num_classes: int = MISSING
+    size_mean: float = MISSING
+    min_samples: int = MISSING
+    max_samples: Optional[int] = MISSING
+    lazy: bool = MISSING
+    cache_mb: float = MISSING
+
+
+# --------------------------------------------------------------------------------- model
+@dataclass
+class ModelConfig:
+    name: str = MISSING  # checked by hfl.models
+
+
+@dataclass
+class HiddenModelConfig(ModelConfig):
+    """The models with a hidden width (MLP, DNN, CNN)."""
+
+    hidden: int = MISSING
+
+
+# ------------------------------------------------------------------------------ topology
+@dataclass
+class TopologyConfig:
+    """Three tiers: teams of devices."""
+
+    formation: str = MISSING  # random | by_label | explicit | tree (checked by hfl.tree.formation)
+    num_teams: Optional[int] = MISSING
+    devices_per_team: Optional[int] = MISSING
+    team_labels: Optional[List[List[int]]] = MISSING
+    teams: Optional[List[List[int]]] = MISSING
+
+
+@dataclass
+class TreeTopologyConfig(TopologyConfig):
+    """A tree of any depth."""
+
+    fanout: Optional[List[int]] = MISSING
+    nodes: Any = MISSING  # nested lists of device ids, any depth
+
+
+# ------------------------------------------------------------------------------- runtime
+@dataclass
+class RuntimeConfig:
+    name: str = MISSING  # simulation | inprocess | deployment (checked by hfl.config.checks)
+    torch_threads: int = MISSING
+    # Simulated faults (hfl.node.faults), in [0, 1) (checked by hfl.config.checks; 0 in deployment, which has real ones)
+    dropout: float = MISSING  # of the devices a lowest server asks, the fraction failing each round
+    dropout_nodes: float = MISSING  # of the inner nodes a node (the root included) asks, likewise
+    device: str = MISSING  # auto | cpu | cuda: where devices' data, models and training live (checked by hfl.config.checks)
+    batched: str = MISSING  # auto | on | off: a node's devices stepped together (hfl.accel.batched) or one by one
+
+
+@dataclass
+class SimulationRuntimeConfig(RuntimeConfig):
+    num_cpus_per_team: float = MISSING
+    num_gpus_per_team: float = MISSING  # Ray's num_gpus per team actor; fractions let team nodes share a GPU
+    ray_tmp_dir: Optional[str] = MISSING
+    ray_address: Optional[str] = MISSING  # null: a fresh local Ray instance; else the cluster to join
+    # null: <run dir>/state; else a directory every Ray node mounts (the run's state in a folder of its own)
+    state_dir: Optional[str] = MISSING
+    # seconds between Flower's looks for messages (hfl.runtime.polling); null: Flower's 0.1
+    poll_interval: Optional[float] = MISSING
+    verbose: bool = MISSING
+    batched_threads: int = MISSING  # a phase's size groups stepped at once in a team actor (hfl.accel.batched)
+
+
+@dataclass
+class InProcessRuntimeConfig(RuntimeConfig):
+    verbose: bool = MISSING
+    # the root's children fit taking turns, their batched device steps merged (hfl.accel.lockstep)
+    batch_siblings: bool = MISSING
+    batched_threads: int = MISSING  # a phase's size groups stepped at once (hfl.accel.batched)
+
+
+@dataclass
+class DeploymentRuntimeConfig(RuntimeConfig):
+    team_wait_seconds: float = MISSING
+    device_wait_seconds: float = MISSING
+    team_round_timeout: float = MISSING
+    team_run_timeout: float = MISSING
+
+
+# ---------------------------------------------------------------------------------- root
+@dataclass
+class HflConfig:
+    """conf/config.yaml: the run's top-level keys. The groups are typed by their options' own
+    schemas (each file names its own), not here: a new option whose file names none still
+    composes, untyped (tests/test_schema.py flags it). The order is the composed config's
+    (groups first, then config.yaml's keys)."""
+
+    algorithm: Any = MISSING
+    dataset: Any = MISSING
+    model: Any = MISSING
+    topology: Any = MISSING
+    runtime: Any = MISSING
+    global_rounds: int = MISSING  # T
+    eval_every: int = MISSING
+    seed: int = MISSING
+    resume: bool = MISSING  # go on with the killed run in hydra.run.dir (hfl.state.resume)
+
+
+# group -> {schema name -> dataclass}; a YAML file names one as /schema/<group>/<name>@_here_.
+SCHEMAS: dict[str, dict[str, type]] = {
+    "algorithm": {
+        "base": AlgorithmConfig,
+        "permfl": PerMFLConfig,
+        "hierfavg": HierFAVGConfig,
+        "fedavg": FedAvgConfig,
+        "fedavg_ft": FedAvgFtConfig,
+        "fedper": FedPerConfig,
+        "fedprox": FedProxConfig,
+        "fedrep": FedRepConfig,
+        "local": LocalConfig,
+        "ditto": DittoConfig,
+        "l2gd": L2GDConfig,
+        "demlearn": DemLearnConfig,
+        "perfedavg": PerFedAvgConfig,
+        "pfedme": PFedMeConfig,
+        "pfedbayes": PFedBayesConfig,
+        "pflego": PFLEGOConfig,
+        "bhfl": BHFLConfig,
+        "femam": FeMAMConfig,
+    },
+    "dataset": {"vision": VisionDatasetConfig, "synthetic": SyntheticDatasetConfig,
+                "synthetic_multilevel": SyntheticMultilevelDatasetConfig},
+    "model": {"base": ModelConfig, "hidden": HiddenModelConfig},
+    "topology": {"base": TopologyConfig, "tree": TreeTopologyConfig},
+    "runtime": {"simulation": SimulationRuntimeConfig, "inprocess": InProcessRuntimeConfig,
+                "deployment": DeploymentRuntimeConfig},
+}
+
+_registered = False
+
+
+def register() -> None:
+    """Store the schemas in Hydra's ConfigStore (``schema/config`` for conf/config.yaml,
+    ``schema/<group>/<name>`` for the groups' files). Idempotent."""
+    global _registered
+    if _registered:
+        return
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(group="schema", name="config", node=HflConfig, provider="hfl")
+    for group, schemas in SCHEMAS.items():
+        for name, node in schemas.items():
+            store.store(group=f"schema/{group}", name=name, node=node, provider="hfl")
+    for name, node, provider in algorithm_schemas():
+        store.store(group="schema/algorithm", name=name, node=node, provider=provider)
+    _registered = True
+
+
+SCHEMA_ENTRY = re.compile(r"^/schema/algorithm/(\w+)@_here_$")
+
+
+def algorithm_schemas(conf_dir: Path = CONF_DIR) -> list[tuple[str, type, str]]:
+    """The schemas that algorithms declare themselves (``ServerRule.schema``, hfl.algorithm):
+    for each ``conf/algorithm/*.yaml`` naming a ``/schema/algorithm/<name>`` that is not one of
+    ``SCHEMAS``, its strategy module's ``SERVER.schema``, stored under that name — so adding an
+    algorithm touches no file of hfl. One that cannot be imported is skipped with a warning
+    (composing it then fails naming the missing schema)."""
+    import importlib
+    import logging
+
+    import yaml
+
+    found = []
+    for path in sorted((conf_dir / "algorithm").glob("*.yaml")):
+        text = yaml.safe_load(path.read_text()) or {}
+        names = [m.group(1) for entry in text.get("defaults") or [] if isinstance(entry, str)
+                 for m in [SCHEMA_ENTRY.match(entry.strip())] if m]
+        if not names or names[0] in SCHEMAS["algorithm"] or not text.get("strategy"):
+            continue
+        try:
+            node = importlib.import_module(str(text["strategy"])).SERVER.schema
+        except (ImportError, AttributeError) as exc:
+            logging.getLogger("hfl").warning("conf/algorithm/%s: no schema from %s: %s", path.name, text["strategy"], exc)
+            continue
+        if node is not None:
+            found.append((names[0], node, str(text["strategy"])))
+    return found
+
+
+# ------------------------------------------------------------------ Hydra's errors, one line
+_KINDS = {"Integer": "an integer", "int": "an integer", "Float": "a number", "float": "a number", "bool": "true or false", "Boolean": "true or false",
+          "str": "a string", "String": "a string"}
+
+
+def config_error(exc: BaseException) -> ConfigError | None:
+    """The ConfigError (naming the key) behind a Hydra composition error caused by the schema
+    (a wrong type or an unknown key, in an override or in a file of conf/), or None when
+    ``exc`` is not one."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    cause = exc if isinstance(exc, OmegaConfBaseException) else exc.__cause__
+    where = ""
+    if isinstance(cause, OmegaConfBaseException):  # an override: Hydra chains OmegaConf's error
+        key, text = cause.full_key, str(cause.msg or cause).splitlines()[0].strip()
+    else:  # a file: "In 'algorithm/permfl': ValidationError raised while composing config:\n<msg>\n    full_key: ..."
+        found = re.search(r"^\s*full_key: (\S+)", str(exc), re.MULTILINE)
+        lines = str(exc).splitlines()
+        if not found or len(lines) < 2 or "raised while composing config" not in lines[0]:
+            return None
+        key, text = found.group(1), lines[1].strip()
+        source = re.match(r"In '([^']+)'", lines[0])
+        where = f" (in conf/{source.group(1)}.yaml)" if source else ""
+    if not key:
+        return None
+    converted = re.match(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", text)
+    invalid_bool = re.match(r"Value '(.*)' is not a valid bool \(type (\w+)\)", text)
+    in_list = re.match(r"Value (.*) \((\w+)\) is incompatible with type hint '(\w+)'", text)
+    if converted:
+        value, kind = _shown(converted.group(1), converted.group(2)), _KINDS.get(converted.group(3), converted.group(3))
+        return ConfigError(key, f"must be {kind}, got {value}{where}")
+    if invalid_bool:
+        return ConfigError(key, f"must be true or false, got {_shown(*invalid_bool.groups())}{where}")
+    if in_list:
+        return ConfigError(key, f"must be {_KINDS.get(in_list.group(3), in_list.group(3))}, got {in_list.group(1)}{where}")
+    if re.match(r"field '.*' is not Optional", text):
+        return ConfigError(key, f"must not be null{where}")
+    if re.match(r"Key '.*' not in '", text):
+        hint = re.search(r"use (\+\S+)", str(exc))  # Hydra: "To append to your config use +key=value"
+        if hint:
+            return ConfigError(key, f"no such key (to add one: {hint.group(1)})")
+        return ConfigError(key, f"no such key in the schema (hfl/config/schema.py){where}")
+    return ConfigError(key, text + where)
+
+
+def _shown(value: str, type_name: str) -> str:
+    """A value as the user wrote it: quoted when YAML read a string."""
+    return repr(value) if type_name == "str" else value

@@ -1,0 +1,1 @@
+"""A device: its state, local training and the device client base every algorithm's client extends."""

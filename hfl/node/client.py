@@ -1,0 +1,278 @@
+"""An inner node of the tree: a client outside (a ``NumPyClient`` of its parent), a strategy
+inside (a Flower ``Strategy`` run over its sampled children), with persistent state.
+
+The same class serves every inner level: a lowest-level server's children are device
+clients, a higher node's children are ``NodeClient``s of the next level, each behind an
+in-process ``ClientProxy``. A node's state (its model and whatever its strategy keeps,
+e.g. node-optimiser moments) lives in the state store under ``node-<path>`` between calls.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.client import NumPyClient
+from flwr.common import NDArrays, Scalar
+from flwr.server.client_manager import SimpleClientManager
+
+from hfl.algorithm import ServerRule, model_from_state, model_state
+from hfl.node.evaluation import DeviceScore, add_reports, evaluation_result, target_report
+from hfl.node.faults import drop
+from hfl.node.inprocess import EvaluateMany, FitMany, evaluate_children, fit_one_by_one, run_fit_rounds
+from hfl.node.payload import LocalParameters, Payload, decode, pack, unpack
+from hfl.tree.sampling import parse_devices, sample_children
+from hfl.node.strategy import NodeStrategy
+from hfl.state.store import StateStore
+from hfl.tree.shape import level_of
+
+# The config value devices read for each evaluation target (hfl.device.client.DeviceClient).
+DEVICE_MODEL = {"gm": "global", "pm": "personal"}
+# Evaluation parts named ctx_* are no model to test: they travel down the tree and reach the
+# devices with the PM target, which they complete their own model from (e.g. FeMAM's group models).
+CONTEXT = "ctx_"
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    path: str
+    rounds: int  # rounds over its children per call from the parent
+    sample_fraction: float  # of its children, per round
+    seed: int
+    lowest: bool  # its children are devices
+    device_sampling: bool = False  # algorithm.sampling=devices: the root draws devices, sent as config "devices"
+    dropout: float = 0.0  # of the children asked, the fraction failing each round (runtime.dropout[_nodes], hfl.node.faults)
+    faults: bool = False  # simulated faults anywhere in the tree: a device may not have trained yet
+
+    @property
+    def level(self) -> int:
+        return level_of(self.path)
+
+    @property
+    def team_id(self) -> int:
+        """The level-1 node this node belongs to (its SuperNode in simulation); -1 for the root."""
+        return int(self.path.split(".")[0]) if self.path else -1
+
+    @property
+    def store_key(self) -> str:
+        return node_key(self.path)
+
+
+def node_key(path: str) -> str:
+    return f"node-{path or 'root'}"
+
+
+# make_rule(parent payload, stored node state or None, the call's round path) -> the
+# algorithm's server rule for one call (hfl.algorithm)
+RuleFactory = Callable[[Payload, dict[str, np.ndarray] | None, str], ServerRule]
+
+
+def sample_records(spec: NodeSpec, round_path: str, report,  # noqa: ANN001
+                   dropped: list[list[str]] | None = None) -> list[dict]:
+    """Which children this node asked in each of its rounds (where it samples at all, or drops
+    children: then also which of them failed, ``dropped``), then its descendants' records: the
+    run keeps them in samples.jsonl."""
+    own = []
+    if spec.sample_fraction < 1 or spec.dropout > 0:
+        own = [{"node": spec.path, "round": f"{round_path}.{r}", "asked": asked}
+               for r, asked in enumerate(report.samples, start=1)]
+        if spec.dropout > 0:
+            for record, failed in zip(own, dropped or [], strict=True):
+                record["dropped"] = failed
+    return own + report.child_samples
+
+
+class NodeClient(NumPyClient):
+    """Receives the parent's payload, runs ``spec.rounds`` rounds of its strategy over a
+    seeded sample of its children, keeps its model and strategy state, returns its model
+    with the sample count behind it (so weighted means compose up the tree).
+
+    ``evaluate`` receives the models of the levels above (``gm``, ``level1``…), adds its own
+    (``level<d>``), and either asks its devices to test each of them and their own model
+    (PM), or forwards them to its child nodes; the counts it returns add up (hfl.node.evaluation).
+    """
+
+    def __init__(
+        self,
+        spec: NodeSpec,
+        children: SimpleClientManager,
+        make_rule: RuleFactory,
+        store: StateStore,
+        *,
+        personalized: bool,
+        global_model: bool = True,
+        persist: Callable[[], None] = lambda: None,
+        holds: Mapping[str, frozenset[int]] | None = None,
+        pm_base: str | None = None,
+        level_models: bool = True,
+        evaluation_context: Callable[[dict[str, np.ndarray] | None], dict[str, NDArrays]] | None = None,
+        fit_many: FitMany = fit_one_by_one,
+        evaluate_many: EvaluateMany = evaluate_children,
+        min_fit_fraction: float = 1.0,
+    ) -> None:
+        self.spec = spec
+        self.children = children
+        self.make_rule = make_rule
+        self.store = store
+        self.personalized = personalized
+        self.global_model = global_model
+        self.persist = persist
+        self.holds = dict(holds or {})  # child cid -> the devices in its subtree (for sampling=devices)
+        self.pm_base = pm_base  # "gm": a device's PM is the root's model completed by its own part (PFLEGO)
+        self.level_models = level_models  # false: the servers' models are no predictors (gradient servers)
+        self.evaluation_context = evaluation_context  # stored node state -> ctx_* parts it adds for its devices' PM
+        self.fit_many = fit_many  # how a round's children are called (a lowest node's devices may be batched)
+        self.evaluate_many = evaluate_many  # likewise for evaluation (hfl.accel.batched.BatchedEvaluate)
+        self.min_fit_fraction = min_fit_fraction  # of the children asked, the usable replies a round needs
+
+    def _asked_children(self, children: list, config: dict[str, Scalar], round_path: str, server_round: int) -> list:
+        """The children a round asks: those holding a device the root drew (sampling=devices),
+        else a seeded sample of ``spec.sample_fraction`` of them."""
+        spec = self.spec
+        if spec.device_sampling:
+            if "devices" not in config:
+                raise RuntimeError(f"node {spec.path!r}: algorithm.sampling=devices but the parent sent no device list")
+            drawn = parse_devices(str(config["devices"]))
+            asked = [c for c in children if self.holds.get(c.cid, frozenset()) & drawn]
+            if not asked:
+                raise RuntimeError(f"node {spec.path!r} was called but holds none of the drawn devices")
+            return asked
+        return sample_children(children, spec.sample_fraction, spec.seed, spec.path, f"{round_path}.{server_round}")
+
+    def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
+        return {"path": self.spec.path, "level": self.spec.level}
+
+    def own_model(self) -> NDArrays | None:
+        return model_from_state(self.store.load(self.spec.store_key))
+
+    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        start = time.perf_counter()
+        spec = self.spec
+        round_path = str(config.get("round_path", config.get("global_round", 0)))
+        # What this call saves (its state, its devices') is a version of the global round it
+        # computes, the first entry of its round path (hfl.state.store: resuming rolls back to a round).
+        self.store.round = int(round_path.split(".")[0])
+        rule = self.make_rule(unpack(parameters, config), self.store.load(spec.store_key), round_path)
+        strategy = NodeStrategy(rule, self.min_fit_fraction)
+
+        dropped: list[list[str]] = []  # per round, the children a simulated fault failed
+
+        def sample(server_round: int, children: list) -> list:
+            asked = self._asked_children(children, config, round_path, server_round)
+            if spec.dropout > 0:
+                asked, failed = drop(asked, [c.cid for c in asked], spec.dropout, spec.seed, spec.path,
+                                     f"{round_path}.{server_round}")
+                dropped.append(failed)
+            return asked
+
+        forward = {"devices": config["devices"]} if spec.device_sampling else None
+        try:
+            params, report = run_fit_rounds(strategy, self.children, spec.rounds, sample, round_path, forward,
+                                            self.fit_many)
+        except RuntimeError as exc:  # the node fails its call: its parent counts it as a failed child
+            raise RuntimeError(f"node {spec.path}: {exc}") from exc
+        model = decode(params)
+        # A gradient relay (level_models false) keeps no model: its reply is no predictor.
+        state = model_state(model) if self.level_models else {}
+        state.update(rule.state())  # e.g. node-optimiser moments (strategies.bhfl)
+        self.store.save(spec.store_key, state)
+        self.persist()
+        level = spec.level
+        counters = dict(report.subtree)
+        for key, value in ((f"bytes_down_level{level}", report.bytes_down), (f"bytes_up_level{level}", report.bytes_up),
+                           (f"failures_level{level + 1}", report.failures)):
+            counters[key] = counters.get(key, 0) + value
+        below = int(counters.get("device_failures", 0)) + report.failures
+        metrics: dict[str, Scalar] = {
+            **counters,
+            "node": spec.path,
+            "team_id": spec.team_id,
+            "compute_seconds": time.perf_counter() - start,
+            "device_failures": below,
+            "rejected": int(counters.get("rejected", 0)) + sum(int(m.get("rejected", 0)) for m in report.metrics),
+            "samples": json.dumps(records) if (records := sample_records(spec, round_path, report, dropped)) else "",
+        }
+        if level == 1:  # the names 3-tier runs have always reported
+            metrics["bytes_down_team"] = sum(v for k, v in counters.items() if k.startswith("bytes_down_level"))
+            metrics["bytes_up_team"] = sum(v for k, v in counters.items() if k.startswith("bytes_up_level"))
+        extra = rule.reply_parts()
+        if extra:  # e.g. residual updates for the grandparent (strategies.bhfl)
+            arrays, meta = pack("parts", {"model": model, **extra})
+            return arrays, report.num_examples, {**metrics, **meta}
+        kind = rule.reply_kind
+        if kind != "model":  # e.g. a gradient mean (strategies.pflego)
+            arrays, meta = pack(kind, model)
+            return arrays, report.num_examples, {**metrics, **meta}
+        return model, report.num_examples, metrics
+
+    def evaluate(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[float, int, dict[str, Scalar]]:
+        start = time.perf_counter()
+        received = unpack(parameters, config)
+        models = {"gm": received.main} if received.kind == "model" else dict(received.parts)
+        if not self.global_model and self.pm_base != "gm":
+            models.pop("gm", None)
+        own = self.own_model() if self.level_models else None
+        if own is None and self.level_models:
+            # Never called yet (sampled out above): its first call would start from its parent's model.
+            own = models.get(f"level{self.spec.level - 1}") if self.spec.level > 1 else models.get("gm")
+        if own is not None:
+            models[f"level{self.spec.level}"] = own
+        metrics: dict[str, Scalar] = {"node": self.spec.path, f"bytes_down_level{self.spec.level}": 0}
+        if self.spec.lowest:
+            reports = [self._evaluate_devices(models, metrics)]
+        else:
+            reports = self._evaluate_nodes(models, metrics)
+        metrics.update(add_reports(reports))
+        metrics["team_id"] = self.spec.team_id
+        metrics["compute_seconds"] = time.perf_counter() - start
+        if self.spec.level == 1:
+            metrics["bytes_down_team"] = sum(v for k, v in metrics.items() if k.startswith("bytes_down_level"))
+        return evaluation_result(metrics, self.global_model)
+
+    def _evaluate_devices(self, models: dict[str, NDArrays], metrics: dict[str, Scalar]) -> dict[str, Scalar]:
+        """Each target model on every device's test split; the devices' own models for PM."""
+        targets = {k: v for k, v in models.items() if not k.startswith(CONTEXT)}
+        context = {k: v for k, v in models.items() if k.startswith(CONTEXT)}
+        if self.evaluation_context is not None:
+            context.update(self.evaluation_context(self.store.load(self.spec.store_key)))
+        if not self.global_model:
+            targets.pop("gm", None)  # forwarded only as the base of the devices' PMs
+        config: dict[str, dict[str, Scalar]] = {}
+        if self.pm_base == "gm":
+            targets["pm"], config["pm"] = models["gm"], {}  # each device completes it with its own part
+        elif self.personalized and context:
+            targets["pm"], config["pm"] = pack("parts", context)  # each device picks its part of it
+        elif self.personalized:
+            # Devices test their own model; nothing is sent, unless this node samples: then a
+            # device never asked yet tests the model it would start from (this node's).
+            sampled = self.spec.sample_fraction < 1 or self.spec.device_sampling or self.spec.faults
+            samples = sampled and f"level{self.spec.level}" in models
+            targets["pm"] = models[f"level{self.spec.level}"] if samples else []
+            config["pm"] = {"fallback": True} if samples else {}
+        report: dict[str, Scalar] = {}
+        for target, arrays in targets.items():
+            sent = LocalParameters(arrays)  # batched devices read the arrays; bytes only if they leave
+            replies, moved = self.evaluate_many(self.children, sent,
+                                                {"model": DEVICE_MODEL.get(target, "team"), **config.get(target, {})})
+            metrics[f"bytes_down_level{self.spec.level}"] += moved
+            rows = [DeviceScore(int(r.metrics["device_id"]), int(r.metrics["correct"]), r.num_examples, r.loss)
+                    for _, r in replies]
+            report.update(target_report(target, rows))
+        return report
+
+    def _evaluate_nodes(self, models: dict[str, NDArrays], metrics: dict[str, Scalar]) -> list[dict[str, Scalar]]:
+        """The models forwarded to every child node (evaluation asks the whole subtree)."""
+        arrays, meta = pack("parts", models)
+        sent = LocalParameters(arrays)
+        replies, moved = evaluate_children(self.children, sent, meta)
+        metrics[f"bytes_down_level{self.spec.level}"] += moved
+        out = []
+        for _, res in replies:
+            for key, value in res.metrics.items():
+                if key.startswith("bytes_down_level"):
+                    metrics[key] = metrics.get(key, 0) + value
+            out.append(res.metrics)
+        return out

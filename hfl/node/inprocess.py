@@ -1,0 +1,241 @@
+"""Run a Flower Strategy over clients living in the same process.
+
+A team node is "a client outside, a strategy inside" (DESIGN.md): in simulation its
+devices are NumPyClients in the team node's process, driven through the ordinary
+Strategy API (configure_fit / aggregate_fit) by this small, sequential round loop.
+Children may themselves be team nodes, which is what makes deeper trees possible.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from flwr.client import Client
+from flwr.common import (
+    Code,
+    DisconnectRes,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetParametersIns,
+    GetParametersRes,
+    GetPropertiesIns,
+    GetPropertiesRes,
+    Parameters,
+    ReconnectIns,
+)
+from flwr.common.logger import log as flwr_log
+from flwr.server import Server
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
+
+from hfl.errors import first_failure
+from hfl.node.faults import SimulatedFault
+from hfl.accel.lockstep import Execute, Lockstep
+from hfl.node.payload import payload_nbytes
+
+log = logging.getLogger(__name__)
+
+
+class InProcessClientProxy(ClientProxy):
+    """A ClientProxy that calls a Flower ``Client`` directly.
+
+    ``client`` may be a factory, called for every message like Flower's ``client_fn``, so
+    that node state must survive through the node's store exactly as in the simulation.
+    """
+
+    def __init__(self, cid: str, client: Client | Callable[[], Client]) -> None:
+        super().__init__(cid)
+        self._client = client
+
+    @property
+    def client(self) -> Client:
+        return self._client if isinstance(self._client, Client) else self._client()
+
+    def get_properties(self, ins: GetPropertiesIns, timeout: float | None, group_id: int | None) -> GetPropertiesRes:
+        return self.client.get_properties(ins)
+
+    def get_parameters(self, ins: GetParametersIns, timeout: float | None, group_id: int | None) -> GetParametersRes:
+        return self.client.get_parameters(ins)
+
+    def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
+        return self.client.fit(ins)
+
+    def evaluate(self, ins: EvaluateIns, timeout: float | None, group_id: int | None) -> EvaluateRes:
+        return self.client.evaluate(ins)
+
+    def reconnect(self, ins: ReconnectIns, timeout: float | None, group_id: int | None) -> DisconnectRes:
+        return DisconnectRes(reason="in-process client")
+
+
+class LockstepServer(Server):
+    """Flower's legacy ``Server`` whose fit rounds run the asked children as the parties of a
+    ``Lockstep`` (hfl.accel.lockstep): their fits take turns, and the batched steps they reach are merged
+    by ``execute`` (``hfl.accel.batched.run_plan_requests``). Evaluation rounds are Flower's own."""
+
+    def __init__(self, *, client_manager: SimpleClientManager, strategy: Strategy, execute: Execute) -> None:
+        super().__init__(client_manager=client_manager, strategy=strategy)
+        self.execute = execute
+
+    def fit_round(self, server_round: int, timeout: float | None):  # noqa: ANN201 - Flower's own type
+        instructions = self.strategy.configure_fit(server_round=server_round, parameters=self.parameters,
+                                                   client_manager=self._client_manager)
+        # Flower's own log lines for a fit round, on its logger (the run's log file has them)
+        if not instructions:
+            flwr_log(logging.INFO, "configure_fit: no clients selected, cancel")
+            return None
+        flwr_log(logging.INFO, "configure_fit: strategy sampled %s clients (out of %s)", len(instructions),
+                 self._client_manager.num_available())
+        outcomes = Lockstep(self.execute).run([lambda proxy=proxy, ins=ins: proxy.fit(ins, timeout=timeout, group_id=server_round)
+                                               for proxy, ins in instructions])
+        results: list[tuple[ClientProxy, FitRes]] = []
+        failures: list[tuple[ClientProxy, FitRes] | BaseException] = []
+        for (proxy, _), res in zip(instructions, outcomes, strict=True):
+            if isinstance(res, BaseException):
+                failures.append(res)
+            elif res.status.code == Code.OK:
+                results.append((proxy, res))
+            else:
+                failures.append((proxy, res))
+        flwr_log(logging.INFO, "aggregate_fit: received %s results and %s failures", len(results), len(failures))
+        parameters, metrics = self.strategy.aggregate_fit(server_round, results, failures)
+        return parameters, metrics, (results, failures)
+
+
+def client_manager_of(proxies: list[ClientProxy]) -> SimpleClientManager:
+    manager = SimpleClientManager()
+    for proxy in proxies:
+        manager.register(proxy)
+    return manager
+
+
+# Counters a node adds up over its subtree (its children's replies carry theirs).
+# fit_test_*: devices' own test of the model they trained this round (the PFLEGO paper's figure).
+SUBTREE_COUNTERS = ("bytes_down_level", "bytes_up_level", "failures_level", "device_failures", "rejected", "fit_test_")
+
+
+@dataclass
+class RoundsReport:
+    """What a run of a node's rounds moved, lost and asked."""
+
+    bytes_down: int = 0
+    bytes_up: int = 0
+    failures: int = 0
+    num_examples: int = 0  # samples behind the last round's aggregate (they sum up the tree)
+    metrics: list[dict] = field(default_factory=list)
+    samples: list[list[str]] = field(default_factory=list)  # per round, the cids asked
+    subtree: dict[str, float] = field(default_factory=dict)  # SUBTREE_COUNTERS from the children
+    child_samples: list[dict] = field(default_factory=list)  # the sample records of child nodes
+
+    def add_child_counters(self, metrics: dict) -> None:
+        for key, value in metrics.items():
+            if key.startswith(SUBTREE_COUNTERS) and isinstance(value, int | float):
+                self.subtree[key] = self.subtree.get(key, 0) + value
+        if metrics.get("samples"):
+            self.child_samples.extend(json.loads(str(metrics["samples"])))
+
+
+Sampler = Callable[[int, list[ClientProxy]], list[ClientProxy]]
+# Fits a round's children together (hfl.accel.batched.BatchedFit): per (proxy, FitIns), the FitRes or
+# the exception the child raised.
+FitMany = Callable[[list[tuple[ClientProxy, FitIns]]], list[FitRes | BaseException]]
+
+
+def call_fit(proxy: ClientProxy, ins: FitIns) -> FitRes | BaseException:
+    """A child's FitRes, or the exception it raised (a dead child is counted, the round goes on)."""
+    try:
+        return proxy.fit(ins, timeout=None, group_id=None)
+    except Exception as exc:  # noqa: BLE001 - the caller counts it as the child's failure
+        return exc
+
+
+def fit_one_by_one(calls: list[tuple[ClientProxy, FitIns]]) -> list[FitRes | BaseException]:
+    return [call_fit(proxy, ins) for proxy, ins in calls]
+
+
+def run_fit_rounds(
+    strategy: Strategy,
+    manager: SimpleClientManager,
+    num_rounds: int,
+    sample: Sampler | None = None,
+    round_path: str = "",
+    forward: dict | None = None,
+    fit_many: FitMany = fit_one_by_one,
+) -> tuple[Parameters, RoundsReport]:
+    """``num_rounds`` rounds of configure_fit -> client.fit -> aggregate_fit, in order.
+
+    Each round the strategy sees only the children ``sample(round, children)`` picks (all
+    of them without a sampler); each FitIns also carries the ``round_path`` of that round
+    (e.g. ``"3.2"`` = team round 2 of global round 3) so that a child node seeds its own
+    sampling by it, and the ``forward`` entries (e.g. the devices the root drew). ``fit_many``
+    calls the round's children (one by one, or a lowest node's devices batched).
+    """
+    report = RoundsReport()
+    parameters = strategy.initialize_parameters(manager)
+    if parameters is None:
+        raise RuntimeError(f"{type(strategy).__name__}.initialize_parameters returned no model")
+    children = sorted(manager.all().values(), key=lambda p: p.cid)
+    for server_round in range(1, num_rounds + 1):
+        asked = sample(server_round, children) if sample is not None else children
+        report.samples.append([proxy.cid for proxy in asked])
+        instructions = strategy.configure_fit(server_round, parameters, client_manager_of(asked))
+        results: list[tuple[ClientProxy, FitRes]] = []
+        failures: list[tuple[ClientProxy, FitRes] | BaseException] = []
+        here = f"{round_path}.{server_round}" if round_path else str(server_round)
+        calls = [(proxy, FitIns(ins.parameters, {**ins.config, **(forward or {}), "round_path": here}))
+                 for proxy, ins in instructions]
+        report.bytes_down += sum(payload_nbytes(ins.parameters) for _, ins in calls)
+        for (proxy, _), res in zip(calls, fit_many(calls), strict=True):
+            if isinstance(res, BaseException):  # a dead child is counted, the round goes on
+                # A simulated fault (runtime.dropout) is expected: the log file has it, the console not.
+                log.log(logging.INFO if isinstance(res, SimulatedFault) else logging.WARNING,
+                        "client %s failed in round %d: %r", proxy.cid, server_round, res)
+                failures.append(res)
+                continue
+            if res.status.code != Code.OK:
+                failures.append((proxy, res))
+                continue
+            report.bytes_up += payload_nbytes(res.parameters)
+            report.add_child_counters(res.metrics)
+            results.append((proxy, res))
+        report.failures += len(failures)
+        aggregated, metrics = strategy.aggregate_fit(server_round, results, failures)
+        if aggregated is None:
+            needed = metrics.get("needed")
+            needed = f"; {needed} usable updates needed (algorithm.min_fit_fraction)" if needed is not None else ""
+            raise RuntimeError(
+                f"round {here}: no model aggregated from {len(results)} results "
+                f"({metrics.get('rejected', 0)} rejected as NaN/Inf or misshaped), {len(failures)} failures{needed}"
+                f"{first_failure(failures)}"  # e.g. CUDA out of memory: the cause, not just a count
+            )
+        parameters = aggregated
+        report.metrics.append(dict(metrics))
+        report.num_examples = sum(res.num_examples for _, res in results if res.metrics.get("payload") != "empty")
+    return parameters, report
+
+
+# Evaluates every child of a manager (evaluate_children, or hfl.accel.batched.BatchedEvaluate).
+EvaluateMany = Callable[[SimpleClientManager, Parameters, dict], tuple[list[tuple[str, EvaluateRes]], int]]
+
+
+def evaluate_children(
+    manager: SimpleClientManager, parameters: Parameters, config: dict
+) -> tuple[list[tuple[str, EvaluateRes]], int]:
+    """Send one EvaluateIns to every child (sorted by cid); returns replies and bytes sent."""
+    children = sorted(manager.all().values(), key=lambda p: p.cid)
+    return [(proxy.cid, evaluate_child(proxy, parameters, config)) for proxy in children], \
+        len(children) * payload_nbytes(parameters)
+
+
+def evaluate_child(proxy: ClientProxy, parameters: Parameters, config: dict) -> EvaluateRes:
+    """One child's evaluation; a reply that is not OK raises (evaluation is never dropped)."""
+    res = proxy.evaluate(EvaluateIns(parameters, dict(config)), timeout=None, group_id=None)
+    if res.status.code != Code.OK:
+        raise RuntimeError(f"child {proxy.cid} failed to evaluate: {res.status.message}")
+    return res
+

@@ -1,0 +1,127 @@
+"""A node's Flower ``Strategy`` over its children, driving the algorithm's ``ServerRule``
+(hfl.algorithm): the children's replies are checked (shapes, NaN/Inf, counts), ordered so that
+float sums do not depend on arrival order, and handed to the rule; the rule's model goes on
+to the next round. The root's strategy (hfl.node.root) shares ``accept_results``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+
+from flwr.common import FitIns, FitRes, Parameters, Scalar
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
+
+from hfl.rules.aggregate import all_finite, update_problem
+from hfl.algorithm import Replies, ServerRule, Update
+from hfl.node.payload import LocalParameters, Payload, decode, unpack
+
+log = logging.getLogger(__name__)
+
+
+def node_order(metrics: Mapping[str, Scalar]) -> tuple[int, str]:
+    """A level-1 node's reply sorted by its team id and path, not by arrival order."""
+    return int(metrics.get("team_id", 0)), str(metrics.get("node", ""))
+
+
+def usable_needed(min_fit_fraction: float, asked: int) -> int:
+    """The usable updates a round needs: ceil(min_fit_fraction x asked), at least 1 (a product
+    that float arithmetic puts just above an integer is that integer)."""
+    return max(1, math.ceil(min_fit_fraction * asked - 1e-9))
+
+
+def accept_results(
+    results: Sequence[tuple[ClientProxy, FitRes]], reference: Sequence, order_key: str, tier: str
+) -> tuple[list[Update], int]:
+    """Updates that can be aggregated, ordered by ``metrics[order_key]`` (or the child node's
+    path) so that float sums do not depend on arrival order, and the number rejected (logged
+    with the reason). Empty payloads (a subtree with nothing to report) are skipped, not rejected."""
+    accepted, rejected = [], 0
+    unpacked: list[tuple[ClientProxy, FitRes, Payload | str]] = []
+    for proxy, res in results:
+        try:
+            unpacked.append((proxy, res, unpack(decode(res.parameters), res.metrics)))
+        except (ValueError, KeyError) as exc:
+            unpacked.append((proxy, res, f"malformed payload: {exc}"))
+    # NaN/Inf checked for all updates at once; only if one has some, update by update to name it.
+    finite = all_finite([p.main for _, _, p in unpacked if isinstance(p, Payload) and "model" in p.parts])
+    for proxy, res, payload in unpacked:
+        if isinstance(payload, str):
+            problem = payload
+        else:
+            if payload.kind == "empty":
+                continue
+            problem = update_problem(payload.main, reference, finite) if "model" in payload.parts else "no model part"
+        if problem is None and res.num_examples <= 0:
+            problem = f"num_examples is {res.num_examples}"
+        if problem is not None:
+            rejected += 1
+            log.warning("%s: rejected the update of %s: %s", tier, proxy.cid, problem)
+            continue
+        accepted.append(Update(payload.main, res.num_examples, res.metrics, payload.parts))
+    accepted.sort(key=lambda u: u.metrics.get(order_key, u.metrics.get("node", 0)))
+    return accepted, rejected
+
+
+class NodeStrategy(Strategy):
+    """An inner node's rounds over its children for one call: the rule's model goes down (with
+    the rule's fit config), the accepted replies come back to the rule."""
+
+    def __init__(self, rule: ServerRule, min_fit_fraction: float = 1.0) -> None:
+        self.rule = rule
+        self.min_fit_fraction = min_fit_fraction
+        self.fit_config = rule.fit_config()
+        self.current = rule.start()
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        # Kept as arrays, encoded only if sent out of the process (hfl.node.payload.LocalParameters).
+        return LocalParameters(self.current)
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        self.current = self.rule.prepare(server_round, decode(parameters))
+        message = self.rule.fit_message(server_round, self.current)
+        arrays, meta = message
+        shared = LocalParameters(arrays)
+        config = {**self.fit_config, **meta, "team_round": server_round}
+        out = []
+        for proxy in sorted(client_manager.all().values(), key=lambda p: p.cid):
+            own = self.rule.child_message(server_round, message, proxy.cid)
+            if own is None:
+                out.append((proxy, FitIns(shared, config)))
+            else:
+                out.append((proxy, FitIns(LocalParameters(own[0]), {**self.fit_config, **own[1],
+                                                                     "team_round": server_round})))
+        return out
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        accepted, rejected = accept_results(results, self.current, "device_id", "team")
+        asked = len(results) + len(failures)
+        needed = usable_needed(self.min_fit_fraction, asked)
+        stats: dict[str, Scalar] = {"rejected": rejected, "failures": len(failures), "aggregated": len(accepted)}
+        if len(accepted) < needed:
+            log.error("team round %d: %d usable updates of %d asked, %d needed (min_fit_fraction %g)",
+                      server_round, len(accepted), asked, needed, self.min_fit_fraction)
+            return None, {**stats, "needed": needed}
+        round_path = f"{self.rule.ctx.round_path}.{server_round}" if self.rule.ctx.round_path else str(server_round)
+        self.current = self.rule.aggregate(self.current, Replies(server_round, round_path, accepted))
+        # The next configure_fit and the node's batched devices read the arrays back without decoding.
+        return LocalParameters(self.current), stats
+
+    def configure_evaluate(self, server_round, parameters, client_manager):  # noqa: ANN001
+        return []  # the node evaluates its children itself (hfl.node.client)
+
+    def aggregate_evaluate(self, server_round, results, failures):  # noqa: ANN001
+        return None, {}
+
+    def evaluate(self, server_round, parameters):  # noqa: ANN001
+        return None

@@ -1,0 +1,1 @@
+"""Outputs: the run's recorder (metrics.jsonl, checkpoints), the console, plots and reports."""

@@ -1,0 +1,186 @@
+"""Run outputs: metrics.jsonl (one line per evaluated global round), summary.json,
+checkpoints, a line per evaluated round for the console, and at the end the run's plots
+and report.md."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import statistics
+from pathlib import Path
+
+import numpy as np
+from flwr.common import NDArrays
+
+from hfl.output import run_report
+from hfl.output.console import ROUND, SHOW, round_line
+from hfl.state.resume import Checkpoint, write_checkpoint
+from hfl.state.store import atomic_savez, atomic_write_bytes
+
+log = logging.getLogger("hfl")
+
+LEVEL = re.compile(r"level([0-9]+)_accuracy")
+TRAFFIC_KEYS = ("bytes_down_global", "bytes_up_global", "bytes_down_team", "bytes_up_team")
+
+
+def traffic(counters: dict) -> dict[str, int]:
+    """Bytes moved per tier (global = root edges, team = every edge below level 1) and per
+    edge level (``bytes_down_level{d}``: sent by the servers at depth d; level0 = global)."""
+    out = {key: int(counters.get(key, 0)) for key in TRAFFIC_KEYS}
+    out["bytes_down_level0"], out["bytes_up_level0"] = out["bytes_down_global"], out["bytes_up_global"]
+    levels = sorted((k for k in counters if k.startswith(("bytes_down_level", "bytes_up_level")) and k[-1].isdigit()),
+                    key=lambda k: (int(k.rsplit("level", 1)[1]), k))
+    out.update({k: int(counters[k]) for k in levels if not k.endswith("level0")})
+    return out
+
+
+def _natural(path: str) -> tuple[int, ...]:
+    """'1.10' after '1.9': paths and round paths compared as numbers."""
+    return tuple(int(p) for p in str(path).split(".") if p.isdigit())
+
+
+def accuracy_keys(lines: list[dict]) -> list[str]:
+    """Every model's accuracy key in the lines (any ``*_accuracy``: an algorithm may evaluate
+    a model of its own), PM, GM and team first and always there (null when absent), then
+    the levels by depth, then the others by name."""
+    found = {key for line in lines for key in line if key.endswith("_accuracy")}
+    levels = sorted((k for k in found if LEVEL.fullmatch(k)), key=lambda k: int(LEVEL.fullmatch(k).group(1)))
+    first = ["pm_accuracy", "gm_accuracy", "team_accuracy", *levels]
+    return first + sorted(found - set(first))
+
+
+def fit_test_metrics(history: list[float], window: int = 10) -> dict[str, float]:
+    """The PFLEGO paper's figure from the per-round accuracies of the sampled devices (each after
+    its training, before the root's step, pooled over their test samples; ``fit_test``):
+    ``pflego_accuracy``, the mean of the last ``window`` rounds, and ``pflego_round_accuracy``,
+    the last round's."""
+    if not history:
+        return {}
+    last = history[-window:]
+    return {"pflego_accuracy": sum(last) / len(last), "pflego_round_accuracy": history[-1]}
+
+
+def _rewrite(path: Path, lines: list[str]) -> None:
+    atomic_write_bytes(path, "".join(line + "\n" for line in lines).encode())
+
+
+def rows_up_to(path: Path, key: str, last_round: int) -> list[str]:
+    """The lines of a .jsonl file whose ``key`` is at most ``last_round`` (a line cut short by a
+    killed run is dropped)."""
+    if not path.exists():
+        return []
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get(key), int) and row[key] <= last_round:
+            kept.append(line)
+    return kept
+
+
+class Recorder:
+    """``restore`` (a ``state()`` with its ``round``): go on with a run resumed after that round;
+    metrics.jsonl and samples.jsonl are cut back to it (hfl.state.resume)."""
+
+    def __init__(self, run_dir: str | Path, meta: dict, num_rounds: int, restore: dict | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "checkpoints").mkdir(exist_ok=True)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.samples_path = self.run_dir / "samples.jsonl"
+        self.meta = meta
+        self.num_rounds = num_rounds
+        self.round_seconds: list[float] = []
+        self.lines: list[dict] = []
+        self.totals = dict.fromkeys(TRAFFIC_KEYS, 0)
+        self.failures = 0
+        self.fit_test_history: list[float] = []  # per global round: the drawn devices' own test after training
+        if restore is None:
+            self.metrics_path.write_text("")
+            self.samples_path.unlink(missing_ok=True)
+            return
+        self.round_seconds = list(restore["round_seconds"])
+        self.lines = [dict(line) for line in restore["lines"]]
+        self.totals = dict(restore["totals"])
+        self.failures = int(restore["failures"])
+        self.fit_test_history = list(restore.get("fit_test_history", []))
+        # The checkpoint's lines are the rows of its rounds, written as round_done writes them.
+        _rewrite(self.metrics_path, [json.dumps(line) for line in self.lines])
+        _rewrite(self.samples_path, rows_up_to(self.samples_path, "global_round", int(restore["round"])))
+
+    def state(self) -> dict:
+        """What a resumed run's recorder needs (hfl.state.resume)."""
+        return {"round_seconds": list(self.round_seconds), "lines": [dict(line) for line in self.lines],
+                "totals": dict(self.totals), "failures": self.failures,
+                "fit_test_history": list(self.fit_test_history)}
+
+    def round_done(self, rnd: int, seconds: float, counters: dict, evaluation: dict | None, model: NDArrays,
+                   checkpoint: bool = True) -> None:
+        """Record global round ``rnd`` and (``checkpoint``) write the checkpoint a killed run
+        resumes from, before the last round's summary and plots."""
+        self.round_seconds.append(seconds)
+        tested = int(counters.get("fit_test_samples", 0))
+        if tested:
+            self.fit_test_history.append(int(counters.get("fit_test_correct", 0)) / tested)
+        self.failures += int(counters.get("failures", 0))
+        moved = traffic(counters)
+        for key, value in moved.items():
+            self.totals[key] = self.totals.get(key, 0) + value
+        if counters.get("samples"):
+            with self.samples_path.open("a") as f:
+                records = [record for block in counters["samples"] for record in json.loads(block)]
+                # Level-1 nodes answer in any order: write the records in tree order.
+                for record in sorted(records, key=lambda r: (_natural(r["node"]), _natural(r["round"]))):
+                    f.write(json.dumps({"global_round": rnd, **record}) + "\n")
+        if evaluation is not None:
+            line = {"round": rnd, **evaluation, **fit_test_metrics(self.fit_test_history), "seconds": seconds,
+                    "compute_seconds": counters.get("compute_seconds", 0.0),
+                    "failures": int(counters.get("failures", 0)),
+                    "evaluation_failures": int(counters.get("evaluation_failures", 0)),
+                    **{k: int(v) for k, v in counters.items() if k.startswith("failures_level")},
+                    **moved}
+            self.lines.append(line)
+            with self.metrics_path.open("a") as f:
+                f.write(json.dumps(line) + "\n")
+            atomic_savez(self.run_dir / "checkpoints" / "global_model.npz", *model, round=np.array(rnd))
+            # The console shows this line (hfl.output.console); ROUND moves its progress bar.
+            log.info("%s", round_line(line, self.num_rounds), extra={ROUND: rnd, SHOW: "run"})
+        else:
+            log.info("round %d/%d trained, not evaluated, %.2fs", rnd, self.num_rounds, seconds, extra={ROUND: rnd})
+        if checkpoint:
+            write_checkpoint(self.run_dir, Checkpoint(rnd, self.state()))
+        if rnd == self.num_rounds:
+            self.write_summary()
+            self.draw()
+
+    def draw(self) -> None:
+        """accuracy.png, loss.png and report.md in the run directory. The run has finished by
+        now: a plotting failure costs the pictures, never the run."""
+        try:
+            run_report.write_run_report(self.run_dir)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - hfl.output.report fails with SystemExit too
+            log.warning("could not draw the run's plots and report.md in %s: %s", self.run_dir, exc)
+
+    def write_summary(self) -> dict:
+        def best(key: str) -> float | None:
+            values = [line[key] for line in self.lines if line.get(key) is not None]
+            return max(values) if values else None
+
+        last = self.lines[-1] if self.lines else {}
+        keys = accuracy_keys(self.lines)
+        later = self.round_seconds[1:] or self.round_seconds
+        summary = {
+            **self.meta,
+            "rounds": len(self.round_seconds),
+            "final": {key: last.get(key) for key in keys},
+            "best": {key: best(key) for key in keys},
+            "seconds_per_round": statistics.median(later) if later else None,
+            "total_seconds": sum(self.round_seconds),
+            "failures": self.failures,
+            **{f"total_{key}": value for key, value in self.totals.items()},
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary

@@ -1,0 +1,598 @@
+"""hfl-report: tables and plots from a set of run directories.
+
+    hfl-report multirun/2026-01-01/12-00-00 outputs/ --out report --paper paper.yaml
+
+Each path is a run directory (one holding ``summary.json``, as hfl/output/recorder.py writes it)
+or any directory with run directories below it at any depth (a Hydra multirun, outputs/).
+Runs are grouped by (dataset, model), then by algorithm; the seeds of one algorithm are
+aggregated. Writes ``OUT/report.md`` (also printed to stdout) with one table per
+dataset/model and, per dataset/model, ``<dataset>_<model>_accuracy.png`` and
+``<dataset>_<model>_loss.png`` with one panel per model level per global round.
+
+Model levels: PM (the devices' personal models, ``pm_*`` in metrics.jsonl), the inner
+servers' models of each depth d >= 1 (``level{d}_*``; ``team_*`` is level 1, the teams of
+a 3-tier run), GM (the root's model, ``gm_*``), GM proxy (the root's model on its proxy
+test set, ``gm_proxy_*``) and any other model an algorithm evaluates (``<name>_accuracy``,
+e.g. ``pflego_accuracy``). Any of them may be absent or null in a line.
+
+hfl-simulate draws every run with these helpers (hfl.output.run_report): ``accuracy.png``,
+``loss.png`` (a line per model level) and ``report.md`` in the run directory.
+
+Conventions:
+
+* Accuracies are in percent: mean +/- sample standard deviation (n - 1) over the seeds of
+  a row; the number of seeds is in the "seeds" column. A single seed shows the value
+  alone, with no "+/-" (a std of one sample is undefined, and "+/- 0.00" would claim a
+  spread of zero). "best" is each run's best evaluated round (summary.json), averaged
+  over seeds; "final" its last evaluated round.
+* A model an algorithm does not have (no GM for a purely personalized method, no PM for
+  FedAvg) shows "—". If only some seeds of a row have the value, the cell says
+  ``(n=k)``.
+* Rounds: the "rounds" column lists every distinct ``rounds`` of the row's summaries;
+  runs of one dataset/model that disagree on rounds also produce a warning (stderr),
+  since their "final" then means different rounds.
+* Runs of one row whose Hydra configs differ in anything but the seed (and the runtime)
+  produce a warning too: they are aggregated as if they were seeds of one experiment.
+* Client mean: where some run of a table reports ``client_mean_accuracy`` (the unweighted
+  mean over devices of each device's PM accuracy, the FeMAM paper's figure; the PM columns
+  pool every test sample instead), the table gets "client mean best" and "client mean final"
+  columns, read from summary.json as the PM ones are. Each level's own client mean
+  (``<level>_client_mean_accuracy``) is a figure of that level, not a model level: no panel.
+* Inner levels: a table gets a "level{d} final" column per depth d that some of its runs
+  report (team as level1): each run's value at its last evaluated round (summary.json's
+  "final" where it has it, else the last metrics.jsonl line). Tables whose runs report no
+  inner level have no such column.
+* Plots: one panel per model level that some run of the dataset/model reports, in the
+  order PM, level1, level2, ..., GM, GM proxy (PM and GM when no run reports any); one
+  line per algorithm, the mean over seeds at each evaluated round (over the seeds that
+  evaluated it), with a shaded band from the seeds' minimum to maximum.
+* ``--paper FILE`` (YAML or JSON): ``{"dataset/model": {algorithm: {pm: x, gm: y}}}`` in
+  percent; adds "paper PM" and "paper GM" columns (and "paper pflego" / "paper client mean"
+  where the file gives ``pflego`` / ``client_mean`` numbers). Missing entries show "—".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+DASH = "—"
+MODELS = ("pm", "gm")
+CLIENT_MEAN = "client_mean"  # client_mean_accuracy: the devices' PM accuracies, unweighted mean (hfl.node.evaluation)
+# Paper-file keys: pm, gm, pflego (the PFLEGO paper's figure, our pflego_accuracy) and
+# client_mean (the FeMAM paper's figure, our client_mean_accuracy).
+PAPER_KEYS = (*MODELS, "pflego", CLIENT_MEAN)
+PAPER_LABELS = {"pm": "PM", "gm": "GM", "pflego": "pflego", CLIENT_MEAN: "client mean"}
+KINDS = ("best", "final")
+IGNORED_CONFIG_KEYS = ("seed", "runtime")  # may differ between the seeds of one row
+
+
+def fail(message: str) -> SystemExit:
+    return SystemExit(f"hfl-report: {message}")
+
+
+def warn(message: str) -> None:
+    print(f"hfl-report: warning: {message}", file=sys.stderr)
+
+
+@dataclass
+class Run:
+    path: Path
+    algorithm: str
+    dataset: str
+    model: str
+    summary: dict
+    metrics: list[dict]
+    config: dict | None = None
+    seed: int | None = None
+
+    @property
+    def rounds(self) -> int | None:
+        return self.summary.get("rounds")
+
+
+@dataclass(frozen=True)
+class Level:
+    """One model level: how columns and the placeholder name it, its panel title, and the
+    metric-name prefixes that hold it (the first one with a value wins)."""
+
+    name: str
+    label: str
+    prefixes: tuple[str, ...]
+    depth: int | None = None  # inner levels only
+
+    def keys(self, quantity: str) -> tuple[str, ...]:
+        return tuple(f"{prefix}_{quantity}" for prefix in self.prefixes)
+
+
+PM = Level("PM", "PM (personalized)", ("pm",))
+GM = Level("GM", "GM (global)", ("gm",))
+GM_PROXY = Level("GM proxy", "GM proxy (root's proxy set)", ("gm_proxy",))
+# Not a model level: the PM accuracies' unweighted mean over devices (FeMAM's figure); accuracy only.
+CLIENT_MEAN_PANEL = Level("client mean", "PM client mean (unweighted over devices)", ("client_mean",))
+LEVEL_KEY = re.compile(r"(pm|gm|gm_proxy|team|level([1-9][0-9]*))_(?:accuracy|loss)")
+# Any other model an algorithm evaluates (e.g. pflego_accuracy) is a level of its own;
+# level<d> names outside LEVEL_KEY (level0, level01) are not models, nor are client means
+# (client_mean_accuracy, <level>_client_mean_accuracy: a figure of a level, hfl.node.evaluation).
+OTHER_MODEL_KEY = re.compile(r"(?!level[0-9])(?!(?:[a-z0-9_]*_)?client_mean_accuracy$)([a-z][a-z0-9_]*)_accuracy")
+
+
+def model_levels(keys: Iterable[str]) -> list[Level]:
+    """The model levels that these metric names (those with a value) show, in the order
+    PM, level1, level2, ..., GM, GM proxy, then any other ``<name>_accuracy`` by name.
+    team_* is level1: labelled "level1 (team)" when no level1_* name is among the keys,
+    and the fallback of a run without level1_*."""
+    keys = set(keys)
+    prefixes = {match.group(1) for key in keys if (match := LEVEL_KEY.fullmatch(key))}
+    depths = {int(prefix.removeprefix("level")) for prefix in prefixes if prefix.startswith("level")}
+    if "team" in prefixes:
+        depths.add(1)
+    inner = [Level(f"level{d}", "level1 (team)" if d == 1 and "level1" not in prefixes else f"level{d}",
+                   ("level1", "team") if d == 1 else (f"level{d}",), d) for d in sorted(depths)]
+    known = {"pm", "gm", "gm_proxy", "team"}
+    others = sorted({match.group(1) for key in keys if (match := OTHER_MODEL_KEY.fullmatch(key))} - known)
+    return ([level for level in (PM,) if level.prefixes[0] in prefixes] + inner
+            + [level for level in (GM, GM_PROXY) if level.prefixes[0] in prefixes]
+            + [Level(name, name, (name,)) for name in others])
+
+
+def present_keys(runs: Iterable[Run]) -> set[str]:
+    """Names of the metrics that some run gives a value (metrics.jsonl lines, summary.json's final)."""
+    return {key for run in runs for record in (*run.metrics, run.summary.get("final") or {})
+            for key, value in record.items() if value is not None}
+
+
+def first_value(record: dict, keys: Sequence[str]) -> float | None:
+    """The value of the first of keys that record has as a finite number."""
+    for key in keys:
+        value = record.get(key)
+        if isinstance(value, int | float) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+@dataclass
+class Row:
+    """One algorithm on one dataset/model: its runs (one per seed)."""
+
+    algorithm: str
+    runs: list[Run] = field(default_factory=list)
+
+
+def group_levels(rows: dict[str, Row]) -> list[Level]:
+    """The model levels that some run of these rows reports."""
+    return model_levels(present_keys(run for row in rows.values() for run in row.runs))
+
+
+# ---------------------------------------------------------------- reading runs
+
+
+def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
+    """Run directories (those holding summary.json) at or below each path, sorted, unique."""
+    found: set[Path] = set()
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise fail(f"{path}: no such file or directory")
+        if path.is_file():
+            if path.name != "summary.json":
+                raise fail(f"{path}: not a run directory (expected a directory or a summary.json)")
+            path = path.parent
+        runs = {p.parent.resolve() for p in path.rglob("summary.json")}
+        for metrics in path.rglob("metrics.jsonl"):
+            if metrics.parent.resolve() not in runs:
+                warn(f"{metrics.parent}: metrics.jsonl but no summary.json (unfinished run?), skipped")
+        if not runs:
+            raise fail(f"{path}: no runs found (no summary.json at or below it)")
+        found |= runs
+    if not found:
+        raise fail("no runs found")
+    return sorted(found)
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise fail(f"{path}: malformed JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise fail(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """metrics.jsonl: one JSON object per evaluated round; a missing file is no rounds."""
+    if not path.exists():
+        return []
+    lines = []
+    for number, text in enumerate(path.read_text().splitlines(), start=1):
+        if not text.strip():
+            continue
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise fail(f"{path}:{number}: malformed JSON line: {exc}") from None
+        if not isinstance(line, dict) or not isinstance(line.get("round"), int):
+            raise fail(f"{path}:{number}: expected a JSON object with an integer 'round'")
+        lines.append(line)
+    return lines
+
+
+def read_config(run_dir: Path) -> dict | None:
+    path = run_dir / ".hydra" / "config.yaml"
+    if not path.exists():
+        return None
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise fail(f"{path}: malformed YAML: {exc}") from None
+    return config if isinstance(config, dict) else None
+
+
+def load_run(run_dir: Path) -> Run:
+    summary_path = run_dir / "summary.json"
+    summary = read_json(summary_path)
+    missing = [key for key in ("algorithm", "dataset", "model") if not summary.get(key)]
+    if missing:
+        raise fail(f"{summary_path}: summary lacks {', '.join(missing)}")
+    config = read_config(run_dir)
+    seed = config.get("seed") if config else None
+    if seed is None:
+        seed = summary.get("seed")
+    return Run(path=run_dir, algorithm=str(summary["algorithm"]), dataset=str(summary["dataset"]),
+               model=str(summary["model"]), summary=summary,
+               metrics=read_metrics(run_dir / "metrics.jsonl"), config=config, seed=seed)
+
+
+def collect_runs(paths: Iterable[str | Path]) -> list[Run]:
+    return [load_run(run_dir) for run_dir in find_run_dirs(paths)]
+
+
+def group_runs(runs: Iterable[Run]) -> dict[tuple[str, str], dict[str, Row]]:
+    """{(dataset, model): {algorithm: Row}}, both levels sorted by name."""
+    groups: dict[tuple[str, str], dict[str, Row]] = {}
+    for run in runs:
+        groups.setdefault((run.dataset, run.model), {}).setdefault(run.algorithm, Row(run.algorithm)).runs.append(run)
+    return {key: dict(sorted(rows.items())) for key, rows in sorted(groups.items())}
+
+
+# ---------------------------------------------------------------- checks
+
+
+def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def config_differences(runs: Sequence[Run]) -> list[str]:
+    """Config keys (dotted) whose values differ between runs, seed and runtime.* aside."""
+    flats = [_flatten(run.config) for run in runs if run.config is not None]
+    keys = sorted(set().union(*flats)) if flats else []
+    return [key for key in keys
+            if key.split(".")[0] not in IGNORED_CONFIG_KEYS
+            and len({json.dumps(flat.get(key), sort_keys=True, default=str) for flat in flats}) > 1]
+
+
+def check_groups(groups: dict[tuple[str, str], dict[str, Row]]) -> list[str]:
+    """Warnings about mixing: differing rounds, differing configs, repeated seeds."""
+    warnings = []
+    for (dataset, model), rows in groups.items():
+        rounds = {run.rounds for row in rows.values() for run in row.runs}
+        if len(rounds) > 1:
+            detail = "; ".join(f"{row.algorithm}: {_rounds_text(row)}" for row in rows.values())
+            warnings.append(f"{dataset}/{model}: runs disagree on rounds ({detail})")
+        for row in rows.values():
+            seeds = [run.seed for run in row.runs if run.seed is not None]
+            repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
+            if repeated:
+                warnings.append(f"{dataset}/{model} {row.algorithm}: seed(s) {repeated} appear more than once: "
+                                + ", ".join(str(run.path) for run in row.runs if run.seed in repeated))
+            differing = config_differences(row.runs)
+            if differing:
+                shown = ", ".join(differing[:8]) + (", ..." if len(differing) > 8 else "")
+                warnings.append(f"{dataset}/{model} {row.algorithm}: runs differ in more than the seed ({shown})")
+    return warnings
+
+
+# ---------------------------------------------------------------- aggregation
+
+
+@dataclass(frozen=True)
+class Stat:
+    mean: float
+    std: float | None  # None for a single value
+    n: int
+
+
+def aggregate(values: Iterable[float | None]) -> Stat | None:
+    """Mean and sample std of the non-missing values; None when all are missing."""
+    present = [float(v) for v in values if v is not None]
+    if not present:
+        return None
+    return Stat(statistics.fmean(present), statistics.stdev(present) if len(present) > 1 else None, len(present))
+
+
+def percent_stat(values: Iterable[float | None]) -> Stat | None:
+    return aggregate(None if value is None else 100 * value for value in values)
+
+
+def row_stat(row: Row, model: str, kind: str) -> Stat | None:
+    """kind = best | final, model = pm | gm (or client_mean); in percent."""
+    return percent_stat((run.summary.get(kind) or {}).get(f"{model}_accuracy") for run in row.runs)
+
+
+def final_value(run: Run, keys: Sequence[str]) -> float | None:
+    """The run's value of the first of keys at its last evaluated round: summary.json's
+    "final" where it has one, else the last metrics.jsonl line."""
+    value = first_value(run.summary.get("final") or {}, keys)
+    return value if value is not None or not run.metrics else first_value(run.metrics[-1], keys)
+
+
+def level_final_stat(row: Row, level: Level) -> Stat | None:
+    """The level's final accuracy over the row's runs, in percent."""
+    return percent_stat(final_value(run, level.keys("accuracy")) for run in row.runs)
+
+
+def format_stat(stat: Stat | None, runs: int) -> str:
+    if stat is None:
+        return DASH
+    text = f"{stat.mean:.2f}" if stat.std is None else f"{stat.mean:.2f} ± {stat.std:.2f}"
+    return text if stat.n == runs else f"{text} (n={stat.n})"
+
+
+def _rounds_text(row: Row) -> str:
+    rounds = sorted({run.rounds for run in row.runs}, key=lambda r: (r is None, r))
+    return ", ".join("?" if r is None else str(r) for r in rounds)
+
+
+def _seeds_text(row: Row) -> str:
+    seeds = sorted(run.seed for run in row.runs if run.seed is not None)
+    return f"{len(row.runs)}" + (f" ({', '.join(map(str, seeds))})" if seeds else "")
+
+
+# ---------------------------------------------------------------- paper numbers
+
+
+def load_paper(path: str | Path) -> dict[str, dict[str, dict[str, float | None]]]:
+    """{"dataset/model": {algorithm: {"pm": x, "gm": y}}} from YAML or JSON (percent)."""
+    path = Path(path)
+    if not path.is_file():
+        raise fail(f"{path}: paper file not found")
+    try:
+        data = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise fail(f"{path}: malformed paper file: {exc}") from None
+    shape = 'expected {"dataset/model": {algorithm: {pm: x, gm: y}}} (also pflego, client_mean)'
+    if not isinstance(data, dict):
+        raise fail(f"{path}: {shape}")
+    paper: dict[str, dict[str, dict[str, float | None]]] = {}
+    for group, algorithms in data.items():
+        if not isinstance(algorithms, dict):
+            raise fail(f"{path}: {group}: {shape}")
+        paper[str(group)] = {}
+        for algorithm, values in algorithms.items():
+            if not isinstance(values, dict) or set(values) - set(PAPER_KEYS):
+                raise fail(f"{path}: {group}/{algorithm}: {shape}")
+            for key, value in values.items():
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                    raise fail(f"{path}: {group}/{algorithm}/{key}: not a number: {value!r}")
+            paper[str(group)][str(algorithm)] = {m: values.get(m) for m in PAPER_KEYS}
+    return paper
+
+
+def check_paper(paper: dict, groups: dict[tuple[str, str], dict[str, Row]]) -> list[str]:
+    """Paper entries that match no run: likely a typo in the key."""
+    warnings = []
+    for key, algorithms in paper.items():
+        dataset, _, model = key.partition("/")
+        rows = groups.get((dataset, model))
+        if rows is None:
+            warnings.append(f"paper entry {key!r} matches no dataset/model among the runs")
+            continue
+        for algorithm in algorithms:
+            if algorithm not in rows:
+                warnings.append(f"paper entry {key}/{algorithm} matches no algorithm among the runs")
+    return warnings
+
+
+# ---------------------------------------------------------------- Markdown
+
+
+def reports_client_mean(rows: dict[str, Row]) -> bool:
+    """Whether some run of these rows reports ``client_mean_accuracy`` in its summary."""
+    return any((run.summary.get(kind) or {}).get(f"{CLIENT_MEAN}_accuracy") is not None
+               for row in rows.values() for run in row.runs for kind in KINDS)
+
+
+def group_table(rows: dict[str, Row], paper: dict[str, dict[str, float | None]] | None) -> str:
+    inner = [level for level in group_levels(rows) if level.depth is not None]
+    # The PFLEGO paper's figure, where runs report it: each run's final mean of its last 10 rounds.
+    pflego = any(final_value(run, ("pflego_accuracy",)) is not None for row in rows.values() for run in row.runs)
+    # The FeMAM paper's figure, where runs report it: PM accuracy averaged over devices, unweighted.
+    client_mean = reports_client_mean(rows)
+    paper_keys = [k for k in PAPER_KEYS if k in MODELS or any(v.get(k) is not None for v in (paper or {}).values())]
+    header = ["algorithm", "PM best", "PM final", "GM best", "GM final"]
+    header += ["client mean best", "client mean final"] if client_mean else []
+    header += [f"{level.name} final" for level in inner]
+    header += ["pflego final"] if pflego else []
+    if paper is not None:
+        header += [f"paper {PAPER_LABELS[k]}" for k in paper_keys]
+    header += ["seeds", "rounds"]
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
+    for row in rows.values():
+        stats = [row_stat(row, m, k) for m in MODELS for k in KINDS]
+        stats += [row_stat(row, CLIENT_MEAN, k) for k in KINDS] if client_mean else []
+        stats += [level_final_stat(row, lv) for lv in inner]
+        stats += [percent_stat(final_value(run, ("pflego_accuracy",)) for run in row.runs)] if pflego else []
+        cells = [row.algorithm] + [format_stat(stat, len(row.runs)) for stat in stats]
+        if paper is not None:
+            ours = paper.get(row.algorithm, {})
+            cells += [DASH if ours.get(m) is None else f"{ours[m]:.2f}" for m in paper_keys]
+        cells += [_seeds_text(row), _rounds_text(row)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render_markdown(groups: dict[tuple[str, str], dict[str, Row]], paper: dict | None = None,
+                    title: str = "hfl report", plots: dict[tuple[str, str], list[str]] | None = None) -> str:
+    parts = [f"# {title}", "",
+             "Test accuracy in %, mean ± sample std over seeds (a single seed: the value alone); "
+             "best = each run's best evaluated round, final = its last; — = the algorithm has no such model."
+             + (" Client mean: each device's PM accuracy, averaged over devices unweighted (PM pools every "
+                "test sample)." if any(reports_client_mean(rows) for rows in groups.values()) else "")
+             + (" Paper columns: as given in the --paper file." if paper is not None else "")]
+    for (dataset, model), rows in groups.items():
+        parts += ["", f"## {dataset} / {model}", "",
+                  group_table(rows, None if paper is None else paper.get(f"{dataset}/{model}", {}))]
+        for name in (plots or {}).get((dataset, model), []):
+            parts += ["", f"![{name}]({name})"]
+    return "\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------- plots
+
+
+def curve(runs: Sequence[Run], keys: str | Sequence[str]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Per evaluated round: (rounds, mean, min, max) over the runs that report it; with several
+    keys, each line's first one that has a value."""
+    keys = (keys,) if isinstance(keys, str) else keys
+    by_round: dict[int, list[float]] = {}
+    for run in runs:
+        for line in run.metrics:
+            value = first_value(line, keys)
+            if value is not None:
+                by_round.setdefault(line["round"], []).append(value)
+    rounds = sorted(by_round)
+    return (rounds, [statistics.fmean(by_round[r]) for r in rounds],
+            [min(by_round[r]) for r in rounds], [max(by_round[r]) for r in rounds])
+
+
+def safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"
+
+
+QUANTITIES = (("accuracy", 100.0, "test accuracy (%)"), ("loss", 1.0, "test loss"))
+
+
+def levels_figure(rows: dict[str, Row], levels: Sequence[Level], quantity: str, scale: float, ylabel: str,
+                  title: str):
+    """A matplotlib Figure with one panel per level (in a grid of at most 3 columns), one line
+    per algorithm with its seeds' min-max band."""
+    colors = {algorithm: f"C{i % 10}" for i, algorithm in enumerate(rows)}
+    columns = len(levels) if len(levels) <= 3 else math.ceil(math.sqrt(len(levels)))
+    grid_rows = math.ceil(len(levels) / columns)
+    fig = new_figure(5 * columns, 4 * grid_rows)
+    for index, level in enumerate(levels, start=1):
+        ax = fig.add_subplot(grid_rows, columns, index)
+        for algorithm, row in rows.items():
+            rounds, mean, low, high = curve(row.runs, level.keys(quantity))
+            if not rounds:
+                continue
+            n = len(row.runs)
+            ax.plot(rounds, [scale * v for v in mean], color=colors[algorithm],
+                    marker="o" if len(rounds) <= 20 else None, markersize=3,
+                    label=f"{algorithm} (n={n})")
+            if n > 1:
+                ax.fill_between(rounds, [scale * v for v in low], [scale * v for v in high],
+                                color=colors[algorithm], alpha=0.2, linewidth=0)
+        finish_axes(ax, f"{level.label} {quantity}", ylabel, f"no {level.name} {quantity} in these runs")
+    fig.suptitle(title)
+    return fig
+
+
+def new_figure(width: float, height: float):
+    """A matplotlib Figure on the Agg canvas: no pyplot, so no display and no global state
+    (safe in a server thread)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def finish_axes(ax, title: str, ylabel: str, empty: str) -> None:  # noqa: ANN001 - a matplotlib Axes
+    """Titles, integer round ticks, grid and legend; an axes with no line says so instead."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_title(title)
+    ax.set_xlabel("global round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize="small")
+    else:
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
+def plot_group(rows: dict[str, Row], dataset: str, model: str, out_dir: Path) -> list[str]:
+    """<dataset>_<model>_accuracy.png and _loss.png in out_dir, a panel per model level that
+    the runs report (PM and GM when they report none); returns the file names."""
+    levels = group_levels(rows) or [PM, GM]
+    names = []
+    for quantity, scale, ylabel in QUANTITIES:
+        panels = [*levels, CLIENT_MEAN_PANEL] if quantity == "accuracy" and reports_client_mean(rows) else levels
+        fig = levels_figure(rows, panels, quantity, scale, ylabel,
+                            f"{dataset} / {model}: mean over seeds, band = min–max")
+        name = f"{safe_name(dataset)}_{safe_name(model)}_{quantity}.png"
+        fig.savefig(out_dir / name, dpi=120)
+        names.append(name)
+    return names
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hfl-report",
+        description="Markdown table (algorithm x dataset/model; PM and GM, best and final, mean ± std over "
+                    "seeds) and PNG curves per global round from hfl run directories.")
+    parser.add_argument("paths", nargs="+", help="run directories, or directories with run directories below "
+                                                 "them (e.g. a Hydra multirun directory)")
+    parser.add_argument("--out", default="report", help="output directory (default: ./report)")
+    parser.add_argument("--paper", help='YAML/JSON {"dataset/model": {algorithm: {pm: x, gm: y}}} in percent '
+                                        '(also pflego, client_mean), shown as "paper" columns')
+    parser.add_argument("--title", default="hfl report", help="report title")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    paper = load_paper(args.paper) if args.paper else None
+    groups = group_runs(collect_runs(args.paths))
+    for message in check_groups(groups) + (check_paper(paper, groups) if paper is not None else []):
+        warn(message)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = {key: plot_group(rows, *key, out_dir) for key, rows in groups.items()}
+    markdown = render_markdown(groups, paper, args.title, plots)
+    (out_dir / "report.md").write_text(markdown)
+    print(markdown, end="")
+    runs = sum(len(row.runs) for rows in groups.values() for row in rows.values())
+    print(f"hfl-report: {runs} runs, {len(groups)} dataset/model group(s); wrote {out_dir / 'report.md'} "
+          f"and {sum(map(len, plots.values()))} plots", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,161 @@
+"""One run's own report, which hfl-simulate writes at the end of every run: ``accuracy.png``,
+``loss.png`` (a line per model level) and ``report.md`` (config, final/best per level, seconds,
+bytes per tier) in the run directory. Reads runs and draws with hfl.output.report's helpers."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hfl.output.report import (
+    DASH,
+    GM,
+    PM,
+    QUANTITIES,
+    Level,
+    Run,
+    _flatten,
+    curve,
+    final_value,
+    finish_axes,
+    first_value,
+    load_run,
+    model_levels,
+    new_figure,
+    present_keys,
+)
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    """One model level of one run: accuracy (a fraction) at the last evaluated round and at
+    the best one."""
+
+    level: Level
+    final: float | None
+    best: float | None
+    best_round: int | None
+
+
+def run_levels(run: Run) -> list[Level]:
+    """The run's model levels; level1 labelled as the team it is named after (team_* keys)."""
+    return [Level(level.name, "level1 (team)", level.prefixes, 1) if level.depth == 1 else level
+            for level in model_levels(present_keys([run]))]
+
+
+def level_results(run: Run) -> list[LevelResult]:
+    """Final and best accuracy of every model level the run reports; the best round is the
+    first that reached the best value."""
+    results = []
+    for level in run_levels(run):
+        keys = level.keys("accuracy")
+        evaluated = [(value, line["round"]) for line in run.metrics if (value := first_value(line, keys)) is not None]
+        best, best_round = max(evaluated, key=lambda pair: (pair[0], -pair[1])) if evaluated else (None, None)
+        results.append(LevelResult(level, final_value(run, keys), best, best_round))
+    return results
+
+
+TRAFFIC_KEY = re.compile(r"total_bytes_(?:down|up)_level([0-9]+)")
+
+
+def traffic_rows(summary: dict) -> list[tuple[str, int, int]]:
+    """(tier, bytes down, bytes up) over the run, per edge level: "global" = the root's edges,
+    level{d} = the edges below the servers at depth d ("team" when those are the lowest
+    servers of a three-tier tree)."""
+    depths = sorted({int(match.group(1)) for key in summary if (match := TRAFFIC_KEY.fullmatch(key))})
+    if not depths:  # a summary without per-level counters: the two tiers
+        return [(tier, int(summary.get(f"total_bytes_down_{tier}", 0)), int(summary.get(f"total_bytes_up_{tier}", 0)))
+                for tier in ("global", "team")]
+
+    def name(depth: int) -> str:
+        return "global" if depth == 0 else "team" if depth == 1 == depths[-1] else f"level{depth}"
+
+    return [(name(d), int(summary.get(f"total_bytes_down_level{d}", 0)),
+             int(summary.get(f"total_bytes_up_level{d}", 0))) for d in depths]
+
+
+def human_bytes(count: float) -> str:
+    """Decimal units, three significant digits: 647 kB, 38.8 MB."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(count) < 999.5:
+            return f"{count:.0f} {unit}" if unit == "B" or abs(count) >= 99.95 else f"{count:.3g} {unit}"
+        count /= 1000
+    return f"{count:.3g} TB"
+
+
+def run_title(run: Run) -> str:
+    return f"{run.algorithm} on {run.dataset} / {run.model}"
+
+
+def run_figure(run: Run, levels: Sequence[Level], quantity: str, scale: float, ylabel: str, title: str):
+    """One axes with a line per model level: a single run's levels side by side, which is
+    what personalization is about (PM against team against GM)."""
+    fig = new_figure(7, 4.5)
+    ax = fig.add_subplot(1, 1, 1)
+    for index, level in enumerate(levels):
+        rounds, values, _, _ = curve([run], level.keys(quantity))
+        if rounds:
+            ax.plot(rounds, [scale * v for v in values], color=f"C{index % 10}",
+                    marker="o" if len(rounds) <= 20 else None, markersize=3, label=level.label)
+    finish_axes(ax, f"{quantity} per global round", ylabel, f"no {quantity} in this run")
+    fig.suptitle(title)
+    return fig
+
+
+def plot_run(run: Run, out_dir: Path) -> list[str]:
+    """accuracy.png and loss.png in out_dir; returns the file names."""
+    levels = run_levels(run) or [PM, GM]
+    names = []
+    for quantity, scale, ylabel in QUANTITIES:
+        name = f"{quantity}.png"
+        run_figure(run, levels, quantity, scale, ylabel, run_title(run)).savefig(out_dir / name, dpi=110)
+        names.append(name)
+    return names
+
+
+def _percent(value: float | None) -> str:
+    return DASH if value is None else f"{100 * value:.2f}"
+
+
+def _settings(config: dict | None, section: str) -> str:
+    """A config group's values as `key=value, ...` (the name aside)."""
+    values = _flatten((config or {}).get(section) or {})
+    return ", ".join(f"{key}={value}" for key, value in values.items() if key != "name")
+
+
+def run_markdown(run: Run, plots: Sequence[str]) -> str:
+    """report.md of one run: what ran, final and best accuracy per model level, time, bytes, plots."""
+    config = run.config or {}
+    parts = [f"# {run_title(run)}", ""]
+    for section, name in (("algorithm", run.algorithm), ("dataset", run.dataset), ("model", run.model)):
+        settings = _settings(config, section)
+        parts.append(f"- {section}: `{name}`" + (f" ({settings})" if settings else ""))
+    parts += [f"- global rounds: {run.rounds}, seed: {DASH if run.seed is None else run.seed}"
+              + (f", runtime: {config['runtime'].get('name')}" if isinstance(config.get("runtime"), dict) else ""),
+              "", "Test accuracy in % (pooled over devices); final = the last evaluated round, "
+              "best = the best evaluated round.", "",
+              "| model | final | best | best round |", "|:---|---:|---:|---:|"]
+    for result in level_results(run):
+        parts.append(f"| {result.level.label} | {_percent(result.final)} | {_percent(result.best)} | "
+                     f"{DASH if result.best_round is None else result.best_round} |")
+    per_round = run.summary.get("seconds_per_round")
+    parts += ["", f"Seconds per round: {DASH if per_round is None else f'{per_round:.2f}'} (median over the rounds "
+              f"after the first); total {run.summary.get('total_seconds', 0):.1f} s; "
+              f"failures: {run.summary.get('failures', 0)}.", "",
+              "| tier | bytes down | bytes up |", "|:---|---:|---:|"]
+    parts += [f"| {tier} | {human_bytes(down)} | {human_bytes(up)} |" for tier, down, up in traffic_rows(run.summary)]
+    for name in plots:
+        parts += ["", f"![{name}]({name})"]
+    return "\n".join(parts) + "\n"
+
+
+def write_run_report(run_dir: str | Path) -> list[Path]:
+    """accuracy.png, loss.png and report.md in a finished run's directory (summary.json and
+    metrics.jsonl written); returns their paths."""
+    run_dir = Path(run_dir)
+    run = load_run(run_dir)
+    plots = plot_run(run, run_dir)
+    (run_dir / "report.md").write_text(run_markdown(run, plots))
+    return [run_dir / name for name in (*plots, "report.md")]

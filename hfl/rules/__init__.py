@@ -1,0 +1,1 @@
+"""Update steps the algorithms share: weighted means, node optimisers, mixing and head/body splits."""

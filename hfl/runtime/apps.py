@@ -1,0 +1,167 @@
+"""The Flower ServerApp (global server) and ClientApp (team nodes).
+
+``hfl-simulate`` builds them bound to a Hydra config (``make_server_app``/``make_client_app``);
+``flwr run .`` loads the module-level ``server_app``/``client_app``, which compose the same
+config from the run config's ``overrides`` string.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import shlex
+import tempfile
+import time
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+
+from flwr.client import Client, ClientApp
+from flwr.common import Context
+from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.server.strategy import Strategy
+
+from hfl.config import schema
+from hfl.accel.batched import use_runtime_threads
+from hfl.algorithm import NodeContext, ServerRule
+from hfl.config.checks import load_server, validate
+from hfl.errors import ConfigError
+from hfl.node.faults import Dropout, dropout_fractions
+from hfl.deploy.wiring import deployed_client, team_server_components, tier_of
+from hfl.runtime.build import build_team_node, federation_for, initial_model
+from hfl.node.payload import Payload
+from hfl.runtime.polling import PolledServerApp
+from hfl.output.recorder import Recorder
+from hfl.state.resume import Checkpoint, Resumed
+from hfl.node.root import RootStrategy
+from hfl.tree.sampling import DeviceDraw
+from hfl.state.store import StateStore
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+schema.register()  # conf/'s files extend the schemas: whoever composes from CONF_DIR needs them stored
+log = logging.getLogger("hfl")
+
+
+def run_meta(cfg: Mapping) -> dict:
+    """What summary.json says the run was."""
+    return {"algorithm": cfg["algorithm"]["name"], "dataset": cfg["dataset"]["name"], "model": cfg["model"]["name"]}
+
+
+def build_global_strategy(cfg: Mapping, run_dir: str | Path, start: Checkpoint | None = None) -> Strategy:
+    """The root: the algorithm's server rule at level 0 under hfl.node.root's driver, rebuilt from the
+    state store (which a resumed run has rolled back to ``start.round``); with ``start``, the
+    rounds Flower counts are offset by it (hfl.state.resume)."""
+    fed = federation_for(cfg)
+    if cfg["runtime"]["name"] == "deployment" and fed.tree.depth != 2:
+        raise ConfigError("topology", f"deployment runs three tiers (root, team hosts, devices); this tree has depth "
+                                      f"{fed.tree.depth} (deeper deployments are not built yet)")
+    alg = cfg["algorithm"]
+    restore = None if start is None else {**start.recorder, "round": start.round}
+    recorder = Recorder(run_dir, run_meta(cfg), int(cfg["global_rounds"]), restore=restore)
+    server = load_server(alg)
+    initial = Payload("model", {"model": initial_model(cfg, fed)})
+
+    def make_rule(state: dict | None) -> ServerRule:
+        return server(NodeContext(cfg, "", fed.tree.depth, initial, state, fed, run_dir=Path(run_dir)))
+
+    _, node_dropout = dropout_fractions(cfg["runtime"])
+    device_sampling = None
+    if alg.get("sampling", "children") == "devices":
+        holds = {path: frozenset(fed.tree.devices_under(path)) for path in fed.tree.children("")}
+        device_sampling = DeviceDraw(len(fed.devices), float(alg["sample_fraction"]), int(cfg["seed"]), holds)
+    strategy = RootStrategy(
+        make_rule,
+        StateStore(cfg["runtime"].get("state_dir") or Path(run_dir) / "state"),
+        num_teams=len(fed.teams),
+        num_rounds=int(cfg["global_rounds"]),
+        eval_every=int(cfg["eval_every"]),
+        recorder=recorder,
+        team_wait_seconds=float(cfg["runtime"].get("team_wait_seconds", 60)),
+        device_sampling=device_sampling,
+        min_fit_fraction=float(alg.get("min_fit_fraction", 1.0)),
+        # runtime.dropout_nodes: the root drops level-1 nodes too (hfl.node.faults)
+        dropout=Dropout(node_dropout, int(cfg["seed"])) if node_dropout > 0 else None,
+    )
+    return strategy if start is None else Resumed(strategy, start.round)
+
+
+def rounds_left(cfg: Mapping, start: Checkpoint | None) -> int:
+    """The global rounds Flower's loop runs: all of them, or those after the checkpoint's."""
+    return int(cfg["global_rounds"]) - (start.round if start is not None else 0)
+
+
+def team_client(cfg: Mapping, context: Context) -> Client:
+    use_runtime_threads(cfg["runtime"])
+    team_id = int(context.node_config["partition-id"])
+    node = build_team_node(cfg, team_id, cfg["runtime"]["state_dir"])
+    freeze_long_lived_objects()
+    return node.to_client()
+
+
+_frozen = False
+
+
+def freeze_long_lived_objects() -> None:
+    """Once per process, after its first node is built: move everything alive (imports, the
+    config, the cached federation: ~300k objects) out of the cyclic garbage collector's sight
+    (``gc.freeze``). Full collections rescan every tracked object; with the thousands of small
+    objects a team round makes they cost ~0.12 s per 700-device team fit, 0 after the freeze."""
+    global _frozen
+    if not _frozen:
+        gc.collect()
+        gc.freeze()
+        _frozen = True
+
+
+def make_server_app(cfg: Mapping, run_dir: str | Path, start: Checkpoint | None = None) -> ServerApp:
+    def server_fn(context: Context) -> ServerAppComponents:
+        strategy = build_global_strategy(cfg, run_dir, start)
+        return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds_left(cfg, start)))
+
+    return PolledServerApp(server_fn=server_fn, pull_interval=cfg["runtime"].get("poll_interval"))
+
+
+def make_client_app(cfg: Mapping) -> ClientApp:
+    return ClientApp(client_fn=lambda context: team_client(cfg, context))
+
+
+# ---- `flwr run .`: the config comes from the run config's Hydra overrides ----
+
+@lru_cache(maxsize=4)
+def compose_config(overrides: str, run_id: int) -> dict:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    schema.register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose("config", overrides=shlex.split(overrides)), resolve=True)
+    validate(cfg)
+    # runtime.state_dir (a directory every Ray node mounts) or this machine's temp dir; a folder per run
+    base = cfg["runtime"].get("state_dir") or tempfile.gettempdir()
+    cfg["runtime"]["state_dir"] = str(Path(base) / f"hfl-state-{run_id}")
+    return cfg
+
+
+def _context_config(context: Context) -> dict:
+    return compose_config(str(context.run_config.get("overrides", "")), context.run_id)
+
+
+def _flwr_server_fn(context: Context) -> ServerAppComponents:
+    cfg = _context_config(context)
+    if tier_of(context) == "team":  # a team run a bridge started on its team SuperLink
+        return team_server_components(cfg, context)
+    out = Path(str(context.run_config.get("output-dir", "outputs/flwr"))) / time.strftime("%Y-%m-%d_%H-%M-%S")
+    log.info("hfl: writing outputs to %s", out.resolve())
+    strategy = build_global_strategy(cfg, out)
+    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=int(cfg["global_rounds"])))
+
+
+server_app = ServerApp(server_fn=_flwr_server_fn)
+def _flwr_client_fn(context: Context) -> Client:
+    cfg = _context_config(context)
+    if context.node_config.get("role") is None and tier_of(context) == "global":
+        return team_client(cfg, context)  # simulation: a team node with its devices in-process
+    return deployed_client(cfg, context)
+
+
+client_app = ClientApp(client_fn=_flwr_client_fn)

@@ -1,0 +1,309 @@
+"""Build the tree's nodes (devices, their clients, inner nodes and their strategies) from the
+configuration."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.common import NDArrays
+
+from hfl.device.client import DeviceClient
+from hfl.accel.batched import BatchedFit, batching_pays, resolve_device
+from hfl.accel.batched_eval import BatchedEvaluate
+from hfl.algorithm import NodeContext, ServerRule
+from hfl.config.checks import batched_setting, check_model_buffers, load_module, load_server
+from hfl.data import DeviceData, Federation, build_federation
+from hfl.device.state import DEVICES_PREFIX, DeviceRuntime, has_state, pack_states, unpack_states
+from hfl.errors import ConfigError
+from hfl.node.faults import dropout_fractions
+from hfl.node.inprocess import InProcessClientProxy, client_manager_of, evaluate_children, fit_one_by_one
+from hfl.models import build_model
+from hfl.node.payload import Payload
+from hfl.seed import derive_seed
+from hfl.state.store import StateStore
+from hfl.tree.shape import Tree, child_path, level_of
+from hfl.node.client import NodeClient, NodeSpec
+from hfl.device.training import BatchSampler, LocalTrainer, to_ndarrays
+
+
+@lru_cache(maxsize=2)
+def _federation(key: str) -> Federation:
+    spec = json.loads(key)
+    return build_federation(spec["dataset"], spec["topology"], spec["seed"])
+
+
+def federation_for(cfg: Mapping) -> Federation:
+    """The (process-wide cached) federation the configuration describes."""
+    key = json.dumps({"dataset": cfg["dataset"], "topology": cfg["topology"], "seed": cfg["seed"]}, sort_keys=True)
+    return _federation(key)
+
+
+def device_classes(fed: Federation, device_id: int) -> list[int]:
+    """The classes a device owns: those it was dealt (class partitions), else those in its data."""
+    if fed.device_classes is not None:
+        return sorted(fed.device_classes[device_id])
+    data = fed.devices[device_id]
+    return sorted(set(data.y_train.tolist()) | set(data.y_val.tolist()) | set(data.y_test.tolist()))
+
+
+def model_classes(cfg: Mapping, fed: Federation) -> int:
+    """The model's output size: the dataset's classes, or with ``algorithm.local_labels`` the
+    number K_i of classes each device owns (labels become local indices 0..K_i-1, PFLEGO's
+    setting). A head shared by the servers needs one K for every device; an algorithm whose
+    heads stay on the devices (``personal_heads``) builds each with its own K_i."""
+    if not cfg["algorithm"].get("local_labels", False):
+        return fed.num_classes
+    counts = {len(device_classes(fed, d)) for d in range(len(fed.devices))}
+    if len(counts) > 1 and not cfg["algorithm"].get("personal_heads", False):
+        raise ConfigError("algorithm.local_labels", f"devices own different numbers of classes ({sorted(counts)}), so a "
+                                                    "shared K-way head has no common K; use dataset.partition="
+                                                    "roundrobin (every device gets classes_per_device classes)")
+    return max(counts)
+
+
+def device_data(cfg: Mapping, fed: Federation, device_id: int) -> DeviceData:
+    """A device's data; with ``algorithm.local_labels`` its labels are local class indices."""
+    data = fed.devices[device_id]
+    if not cfg["algorithm"].get("local_labels", False):
+        return data
+    classes = torch.tensor(device_classes(fed, device_id))
+    local = {}
+    for split in ("y_train", "y_val", "y_test"):
+        y = getattr(data, split)
+        idx = torch.searchsorted(classes, y)
+        if len(y) and (idx.max() >= len(classes) or not torch.equal(classes[idx], y)):
+            raise ValueError(f"device {device_id} holds labels outside its classes {classes.tolist()}")
+        local[split] = idx
+    return DeviceData(device_id, data.x_train, local["y_train"], data.x_test, local["y_test"],
+                      x_val=data.x_val, y_val=local["y_val"])
+
+
+def initial_model(cfg: Mapping, fed: Federation) -> NDArrays:
+    """The global model x^0, initialised from the run's seed."""
+    torch.manual_seed(derive_seed(cfg["seed"], "init"))
+    trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed)))
+    check_model_buffers(cfg, trainer.has_buffers)  # the algorithm must carry its BatchNorm statistics
+    return to_ndarrays(trainer.initial_params())
+
+
+def devices_key(path: str) -> str:
+    """The stored key of a lowest node's devices' state (one file for all of them)."""
+    return f"{DEVICES_PREFIX}{path}"
+
+
+def device_runtime(cfg: Mapping, device_id: int, data: DeviceData, trainer: LocalTrainer, store: StateStore | None,
+                   classes: list[int] | None = None) -> DeviceRuntime:
+    """A device with its data, its seeded minibatch sampler and its saved state (if any; a node
+    passes no store and restores its devices from its one packed file, NodeDevices)."""
+    sampler = BatchSampler(len(data.y_train), int(cfg["dataset"]["batch_size"]), derive_seed(cfg["seed"], "batches", device_id))
+    device = DeviceRuntime(device_id, data.x_train, data.y_train, data.x_test, data.y_test, trainer, sampler,
+                           seed=int(cfg["seed"]), classes=classes, x_val=data.x_val, y_val=data.y_val)
+    if store is not None:
+        device.load(store)
+    return device
+
+
+class NodeDevices(Mapping[str, DeviceClient]):
+    """A lowest node's device clients by cid (``"000042"``), each built when it is first asked
+    for — its data, sampler, the state its node stored and its client — and kept until the
+    node's message is done (a node lives for one message: hfl.node.inprocess, Flower's client_fn).
+    A round that samples k of a node's n devices builds those k; evaluation builds them all.
+    ``in`` never builds one; ``values()``/``items()`` build every device (evaluation only)."""
+
+    def __init__(self, device_ids: list[int], build: Callable[[int], DeviceRuntime],
+                 make_client: Callable[[DeviceRuntime], DeviceClient], store: StateStore, key: str) -> None:
+        self._ids = {f"{d:06d}": d for d in device_ids}
+        self._build, self._make_client = build, make_client
+        self._store, self._key = store, key
+        self._clients: dict[str, DeviceClient] = {}
+        self._stored: dict[int, dict[str, np.ndarray]] | None = None
+
+    def __getitem__(self, cid: str) -> DeviceClient:
+        client = self._clients.get(cid)
+        if client is None:
+            device = self._build(self._ids[cid])  # KeyError: no device of this node
+            state = self.stored().get(device.device_id)
+            if state is not None:
+                device.restore(state)
+            client = self._clients[cid] = self._make_client(device)
+        return client
+
+    def __contains__(self, cid: object) -> bool:
+        return cid in self._ids
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def built(self) -> list[DeviceRuntime]:
+        """The devices built so far (this message's)."""
+        return [c.device for c in self._clients.values()]
+
+    def stored(self) -> dict[int, dict[str, np.ndarray]]:
+        """The node's stored device states by device id (read once per message)."""
+        if self._stored is None:
+            packed = self._store.load(self._key)
+            self._stored = {} if packed is None else unpack_states(packed)
+        return self._stored
+
+    def save(self) -> None:
+        """Every device state of the node in its one file: those built now as they are, the others
+        as stored; a device never used is left out (hfl.device.state.has_state)."""
+        states = dict(self.stored())
+        for device in self.built():
+            if has_state(device):
+                states[device.device_id] = device.state()
+            else:
+                states.pop(device.device_id, None)
+        self._store.save(self._key, pack_states(states))
+
+
+class PlainClients(Mapping[str, DeviceClient]):
+    """The clients of ``clients`` that test the plain way (``model_to_test`` on their test split,
+    hfl.accel.batched_eval.BatchedEvaluate), each looked up, and so built, only when asked for."""
+
+    def __init__(self, clients: Mapping[str, DeviceClient]) -> None:
+        self.clients = clients
+
+    def __getitem__(self, cid: str) -> DeviceClient:
+        client = self.clients[cid]
+        if type(client).evaluate is not DeviceClient.evaluate:
+            raise KeyError(cid)  # tested by its own evaluate
+        return client
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.clients)
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+
+def uses_batched(cfg: Mapping, trainer: LocalTrainer) -> bool:
+    """Whether lowest nodes step their devices together: runtime.batched on, or auto where the
+    algorithm has the batched path (algorithm.batched), the model carries no buffers and the
+    batched path is the faster one (hfl.accel.batched.batching_pays)."""
+    setting = batched_setting(cfg.get("runtime", {}))
+    if setting == "off" or not cfg["algorithm"].get("batched", False):
+        return False
+    if any(True for _ in trainer.model.buffers()):
+        if setting == "on":
+            raise ConfigError("runtime.batched", f"{type(trainer.model).__name__} keeps buffers (BatchNorm), which the "
+                                                 "batched path does not step; use runtime.batched=auto or off")
+        return False
+    return setting == "on" or batching_pays(trainer.model, resolve_device(cfg["runtime"].get("device")))
+
+
+# ---------------------------------------------------------------- per-level settings
+def level_rounds(alg: Mapping, level: int, depth: int) -> int:
+    """Rounds a node at ``level`` (1..depth-1) runs per call: ``algorithm.level_rounds[level-1]``
+    where given, else ``team_rounds`` at the lowest server level and 1 above it (so FedAvg's
+    means compose into one flat mean, and HierFAVG has its K rounds at the lowest level)."""
+    rounds = alg.get("level_rounds")
+    if rounds is not None:
+        return int(rounds[level - 1])
+    return int(alg["team_rounds"]) if level == depth - 1 else 1
+
+
+def level_fraction(alg: Mapping, level: int) -> float:
+    """The fraction of its children a node at ``level`` asks per round (``algorithm.sample_fraction``:
+    one number for every level, or a list, root first)."""
+    if alg.get("sampling", "children") == "devices":
+        return 1.0  # the root draws devices; nodes ask the children that hold them
+    fraction = alg.get("sample_fraction", 1.0)
+    if isinstance(fraction, list | tuple):
+        return float(fraction[level])
+    return float(fraction)
+
+
+def check_tree(cfg: Mapping, tree: Tree) -> None:
+    """Refuse a tree the algorithm is not defined on, and per-level lists of the wrong length."""
+    alg = cfg["algorithm"]
+    if tree.depth != 2 and not alg.get("any_depth", False):
+        key = "topology.fanout" if cfg["topology"].get("formation") == "tree" else "topology.formation"
+        raise ConfigError(key, f"algorithm {alg['name']!r} is defined for three tiers (a tree of depth 2: root, "
+                               f"servers, devices); this tree has depth {tree.depth}")
+    for key, length in (("level_rounds", tree.depth - 1), ("sample_fraction", tree.depth)):
+        value = alg.get(key)
+        if isinstance(value, list | tuple) and len(value) != length:
+            raise ConfigError(f"algorithm.{key}", f"has {len(value)} entries; this tree of depth {tree.depth} "
+                                                  f"needs {length} ({'levels 1..' if key == 'level_rounds' else 'levels 0..'}"
+                                                  f"{tree.depth - 1})")
+    load_server(alg).check_federation(cfg, federation_for(cfg))  # e.g. proxy sizes, a validation split
+    if alg.get("local_labels", False) and float(cfg["dataset"].get("proxy_fraction", 0.0)) > 0:
+        raise ConfigError("algorithm.local_labels", "servers' proxy data keeps the dataset's labels; local labels "
+                                                    "and dataset.proxy_fraction > 0 do not mix")
+    model_classes(cfg, federation_for(cfg))  # refuses local labels without a common K
+    if level_fraction(alg, 0) != 1.0:
+        raise ConfigError("algorithm.sample_fraction", "the root asks every level-1 node (its entry 0 must be 1); "
+                                                       "sampling applies from level 1 down")
+
+
+def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
+    """The inner node at ``path`` with its whole subtree in this process."""
+    fed = federation_for(cfg)
+    tree = fed.tree
+    alg = cfg["algorithm"]
+    store = StateStore(state_dir)
+    level = level_of(path)
+    server = load_server(alg)
+    fit_many, evaluate_many = fit_one_by_one, evaluate_children
+    if tree.is_lowest(path):
+        client_module = load_module(alg, "client")
+        trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed)))
+        local = bool(alg.get("local_labels", False))
+
+        def build_device(d: int) -> DeviceRuntime:
+            return device_runtime(cfg, d, device_data(cfg, fed, d), trainer, None,
+                                  device_classes(fed, d) if local else None)
+
+        # Devices exist only while they work: each is built when its node asks it (hfl.runtime.build.NodeDevices).
+        clients = NodeDevices(tree.devices(path), build_device, client_module.make_client, store, devices_key(path))
+        holds = {f"{d:06d}": frozenset([d]) for d in tree.devices(path)}
+        proxies = [InProcessClientProxy(cid, lambda cid=cid: clients[cid].to_client()) for cid in clients]
+        if uses_batched(cfg, trainer):
+            by_cid, device = {p.cid: p for p in proxies}, resolve_device(cfg["runtime"].get("device"))
+            fit_many = BatchedFit(clients, by_cid, device)
+            # Clients that test the plain way (model_to_test on their test split) are tested together.
+            evaluate_many = BatchedEvaluate(PlainClients(clients), by_cid, device)
+
+        def persist() -> None:
+            clients.save()
+    else:
+        proxies = [InProcessClientProxy(child, lambda child=child: build_node(cfg, child, state_dir).to_client())
+                   for child in tree.children(path)]
+        holds = {child: frozenset(tree.devices_under(child)) for child in tree.children(path)}
+
+        def persist() -> None:
+            pass
+
+    def make_rule(payload: Payload, state: dict | None, round_path: str) -> ServerRule:
+        return server(NodeContext(cfg, path, tree.depth, payload, state, fed, round_path=round_path))
+
+    # Simulated faults (hfl.node.faults): the lowest servers drop devices, the others child nodes.
+    device_dropout, node_dropout = dropout_fractions(cfg.get("runtime", {}))
+    spec = NodeSpec(path, level_rounds(alg, level, tree.depth), level_fraction(alg, level), int(cfg["seed"]),
+                    tree.is_lowest(path), device_sampling=alg.get("sampling", "children") == "devices",
+                    dropout=device_dropout if tree.is_lowest(path) else node_dropout,
+                    faults=device_dropout > 0 or node_dropout > 0)
+    return NodeClient(spec, client_manager_of(proxies), make_rule, store,
+                      personalized=bool(alg["personalized"]), global_model=bool(alg.get("global_model", True)),
+                      persist=persist, holds=holds, pm_base=alg.get("pm_base"),
+                      level_models=bool(alg.get("level_models", True)),
+                      evaluation_context=server.evaluation_context,
+                      fit_many=fit_many, evaluate_many=evaluate_many,
+                      min_fit_fraction=float(alg.get("min_fit_fraction", 1.0)))
+
+
+def build_team_node(cfg: Mapping, team_id: int, state_dir: str | Path) -> NodeClient:
+    """The level-1 node ``team_id`` (a SuperNode of the simulation) with its subtree."""
+    teams = federation_for(cfg).tree.children("")
+    if not 0 <= team_id < len(teams):
+        raise ValueError(f"team node {team_id} does not exist: the topology has {len(teams)} level-1 nodes")
+    return build_node(cfg, child_path("", team_id), state_dir)

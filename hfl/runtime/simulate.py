@@ -1,0 +1,298 @@
+"""``hfl-simulate``: run a hierarchical FL experiment configured with Hydra."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import hydra
+from flwr.server import Server
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from hfl.accel import batched
+
+from hfl.output import console
+
+from hfl.config import schema
+from hfl.runtime.apps import (
+    CONF_DIR,
+    build_global_strategy,
+    freeze_long_lived_objects,
+    make_client_app,
+    make_server_app,
+    rounds_left,
+    run_meta,
+)
+from hfl.config.checks import validate
+from hfl.errors import ConfigError, DatasetNotFoundError
+from hfl.node.inprocess import InProcessClientProxy, LockstepServer, client_manager_of
+from hfl.runtime.build import build_team_node, check_tree, federation_for, initial_model
+from hfl.runtime.polling import simulation_polling
+from hfl.output.recorder import Recorder
+from hfl.output.report import load_run
+from hfl.state.resume import Checkpoint, prepare, state_dir
+
+log = logging.getLogger("hfl")
+ray_actors = logging.getLogger("ray.actors")
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def run_inprocess(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None) -> None:
+    """Flower's legacy server loop over team nodes in this process (no Ray): the same
+    strategies and clients, used for tests and to measure the runtime's overhead. ``start``:
+    go on after that checkpoint's round (hfl.state.resume)."""
+    batched.use_runtime_threads(cfg["runtime"])
+    tree = federation_for(cfg).tree
+    proxies = [
+        InProcessClientProxy(f"{t:06d}", lambda t=t: build_team_node(cfg, t, cfg["runtime"]["state_dir"]).to_client())
+        for t in range(len(tree.children("")))
+    ]
+    manager, strategy = client_manager_of(proxies), build_global_strategy(cfg, run_dir, start)
+    # Only where some lowest node is small enough to be merged: else the parties would only keep
+    # each other's nodes built (and glibc an allocation arena per thread: 3,500 devices in 5
+    # teams peaked at 1.74 GiB against 1.5 one team at a time).
+    smallest = min(len(tree.devices(path)) for path in tree.nodes_at(tree.depth - 1))
+    if cfg["runtime"].get("batch_siblings", False) and smallest <= batched.MERGE_MAX_DEVICES:
+        server: Server = LockstepServer(client_manager=manager, strategy=strategy, execute=batched.run_plan_requests)
+    else:
+        server = Server(client_manager=manager, strategy=strategy)
+    freeze_long_lived_objects()
+    server.set_max_workers(1)  # evaluation rounds: one child after the other
+    server.fit(num_rounds=rounds_left(cfg, start), timeout=None)
+
+
+def _actor_lines_to_log(data: dict, ignore_prefix: bool = False) -> None:
+    """Ray's driver prints what its actors write ("(ClientAppActor pid=...) ..." lines) on its
+    own stdout/stderr; this logs them instead (stderr lines as warnings)."""
+    import ray._private.worker as ray_worker
+
+    lines = data.get("lines", [])
+    if data.get("pid") == "autoscaler":  # as Ray does: its events, not its periodic status dumps
+        lines = getattr(ray_worker, "filter_autoscaler_events", list)(lines)
+    name = data.get("actor_name") or data.get("task_name")
+    prefix = f"({name} pid={data.get('pid')})" if name else f"({data.get('pid')})"
+    level = logging.WARNING if data.get("is_err") else logging.INFO
+    for line in lines:
+        ray_actors.log(level, "%s %s", prefix, ANSI_ESCAPE.sub("", line))  # Flower colours its actors' lines
+
+
+@contextmanager
+def ray_output_to_log() -> Iterator[dict]:
+    """Ray's own log lines and its actors' output go to the logging tree (the run's log file)
+    rather than straight to the console; yields the ``ray.init`` arguments that keep Ray from
+    configuring its logger again. Ray's actor printer is private: should it move, its lines
+    stay on the console and nothing breaks."""
+    import ray._private.worker as ray_worker
+
+    ray_logger = logging.getLogger("ray")
+    saved = list(ray_logger.handlers), ray_logger.propagate, ray_logger.level
+    printer = getattr(ray_worker, "print_to_stdstream", None)
+    ray_logger.handlers.clear()
+    ray_logger.propagate, ray_logger.level = True, logging.INFO
+    if printer is not None:
+        ray_worker.print_to_stdstream = _actor_lines_to_log
+    try:
+        yield {"configure_logging": False}
+    finally:
+        ray_logger.handlers[:] = saved[0]
+        ray_logger.propagate, ray_logger.level = saved[1:]
+        if printer is not None:
+            ray_worker.print_to_stdstream = printer
+
+
+def ray_init_args(runtime: Mapping) -> dict:
+    """The ``ray.init`` arguments of a simulation (Flower's ``backend_config["init_args"]``, which
+    its Ray backend passes to ``ray.init`` as they are). ``runtime.ray_address`` null starts a
+    fresh local Ray instance explicitly (``address="local"``): ``ray.init()`` without an address
+    would join whatever ``RAY_ADDRESS`` or ``<temp dir>/ray_current_cluster`` names, even a
+    cluster long dead (a run then waits minutes and dies). A value (``"auto"``, ``"host:6379"``,
+    ``"ray://host:10001"``) joins that cluster. ``runtime.ray_tmp_dir`` is Ray's temp directory
+    (where a fresh instance writes its session, and where ``"auto"`` looks for one). Nothing
+    about resources: ``ray.init`` refuses ``num_cpus`` and the like when it joins a cluster;
+    Flower's ``client_resources`` size the team actors instead."""
+    address = runtime.get("ray_address")
+    args: dict = {"address": str(address) if address else "local", "include_dashboard": False}
+    if runtime.get("ray_tmp_dir"):
+        args["_temp_dir"] = str(runtime["ray_tmp_dir"])
+    return args
+
+
+def run_simulation(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None) -> None:
+    """Flower's Simulation Runtime (Ray): one SuperNode per team (``start`` as run_inprocess's)."""
+    from flwr.simulation import run_simulation as flwr_run_simulation
+
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    runtime = cfg["runtime"]
+    verbose = bool(runtime.get("verbose", False))
+    init_args = ray_init_args(runtime)
+    # Ray's lines always reach the log file; runtime.verbose lets the console show them too
+    # (hfl.output.console), and Flower's DEBUG lines, which the log file always has.
+    with ray_output_to_log() as logging_args, simulation_polling(runtime.get("poll_interval")):
+        flwr_run_simulation(
+            server_app=make_server_app(cfg, run_dir, start),
+            client_app=make_client_app(cfg),
+            num_supernodes=len(federation_for(cfg).teams),
+            backend_config={"client_resources": {"num_cpus": runtime["num_cpus_per_team"], "num_gpus": float(runtime.get("num_gpus_per_team", 0.0))},
+                            "init_args": {**init_args, **logging_args}},
+            verbose_logging=verbose,
+        )
+
+
+def cluster_state_warning(runtime: Mapping, state: Path) -> str | None:
+    """A run joining an existing Ray cluster (``runtime.ray_address``) with its state in the
+    run directory (``runtime.state_dir`` null): team nodes on other Ray nodes read and write
+    that path on their own filesystems, so unless it is shared their devices would silently
+    start from scratch whenever Flower hands a team to an actor elsewhere."""
+    address = str(runtime.get("ray_address") or "local").strip()
+    if runtime.get("name") != "simulation" or address == "local" or runtime.get("state_dir"):
+        return None
+    return (f"runtime.ray_address={runtime['ray_address']} joins an existing Ray cluster, and runtime.state_dir is "
+            f"null: nodes and devices keep their state in {state}, so the run directory must be on a filesystem "
+            "every Ray node shares (else set runtime.state_dir to a directory every Ray node mounts)")
+
+
+def run(cfg: Mapping, run_dir: str | Path) -> dict:
+    """Validate, build the federation (failing before training on bad input), run, and
+    return the summary; raises if the run did not complete every round. With ``resume``
+    true, go on with the run killed in ``run_dir`` after its last completed global round
+    (hfl.state.resume); a finished run is only reported."""
+    cfg = json.loads(json.dumps(cfg))  # a private, plain copy
+    run_dir = Path(run_dir)
+    validate(cfg)
+    if cfg["runtime"]["name"] == "deployment":
+        raise ConfigError("runtime.name", "deployment runs are submitted to a running global SuperLink "
+                          "with `hfl-deploy submit` (see README, Deployment), not started by hfl-simulate")
+    fed = federation_for(cfg)
+    check_tree(cfg, fed.tree)
+    initial_model(cfg, fed)  # the model must fit the data (and the algorithm) before any process starts
+    start = prepare(cfg, run_dir)  # refuses a resumption of another config; rolls the state store back
+    rounds = int(cfg["global_rounds"])
+    if start is not None and start.round >= rounds:
+        log.info("hfl: the run in %s is complete (%d of %d global rounds); nothing to resume",
+                 console.shown_path(run_dir), start.round, rounds, extra={console.SHOW: "run"})
+        return finished_summary(cfg, run_dir, start)
+    if cfg.get("resume", False):
+        log.info("hfl: resuming the run in %s after global round %d of %d", console.shown_path(run_dir),
+                 start.round if start is not None else 0, rounds, extra={console.SHOW: "run"})
+    # <run dir>/state or the run's folder under runtime.state_dir; absolute, as Ray workers have cwds of their own
+    state = state_dir(cfg, run_dir).resolve()
+    warning = cluster_state_warning(cfg["runtime"], state)
+    if warning:
+        log.warning("hfl: %s", warning)
+    cfg["runtime"]["state_dir"] = str(state)
+    log.info("hfl: %s on %s/%s, a tree of depth %d with %d level-1 nodes and %d devices, %d global rounds -> %s",
+             cfg["algorithm"]["name"], cfg["dataset"]["name"], cfg["model"]["name"], fed.tree.depth, len(fed.teams),
+             len(fed.devices), cfg["global_rounds"], console.shown_path(run_dir), extra={console.SHOW: "run"})
+    state.mkdir(parents=True, exist_ok=True)
+    (run_inprocess if cfg["runtime"]["name"] == "inprocess" else run_simulation)(cfg, run_dir, start)
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    if summary.get("rounds") != cfg["global_rounds"]:
+        raise RuntimeError(
+            f"the run stopped after {summary.get('rounds', 0)} of {cfg['global_rounds']} global rounds; "
+            "see the log above for the Flower error"
+        )
+    return summary
+
+
+def finished_summary(cfg: Mapping, run_dir: Path, done: Checkpoint) -> dict:
+    """A finished run's summary; written again (with its plots) if the run was killed after its
+    last checkpoint and before them."""
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    if summary.get("rounds") == cfg["global_rounds"]:
+        return summary
+    recorder = Recorder(run_dir, run_meta(cfg), int(cfg["global_rounds"]), restore={**done.recorder, "round": done.round})
+    summary = recorder.write_summary()
+    recorder.draw()
+    return summary
+
+
+def console_mode(cfg: DictConfig) -> str:
+    """verbose (runtime.verbose=true: everything, as Flower and Ray print it), multirun
+    (Hydra -m: one line per job) or run (a line per evaluated round, a bar, a table)."""
+    if cfg.runtime.get("verbose", False):
+        return "verbose"
+    return "multirun" if HydraConfig.get().mode == RunMode.MULTIRUN else "run"
+
+
+def report_run(run_dir: Path) -> None:
+    """The summary table (a single run) or the job's line (multirun), on the console and in
+    the log file."""
+    run = load_run(run_dir)
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        line = console.job_line(run, hydra_cfg.job.num)
+        log.info("%s", line, extra={console.SHOW: "multirun"})
+    else:
+        table = console.summary_renderable(run, console.log_file())
+        log.info("%s", console.plain_text(table), extra={console.SHOW: "run", console.RENDER: table})
+
+
+# Set by main() while Hydra composes, so that a composition error reaches main() rather than
+# Hydra's own multi-line report; the job itself runs without it (see main).
+FULL_ERROR = "HYDRA_FULL_ERROR"
+_full_error_is_ours = False
+
+
+def _composed() -> None:
+    """The config is composed: Hydra reports any later error as it always does."""
+    global _full_error_is_ours
+    if _full_error_is_ours:
+        os.environ.pop(FULL_ERROR, None)
+        _full_error_is_ours = False
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def task(cfg: DictConfig) -> float | None:
+    _composed()
+    handler = console.install(console_mode(cfg))
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    rounds = cfg.get("global_rounds")  # not validated yet: a bad value is run()'s to report
+    try:
+        with handler.progress(rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None):
+            summary = run(OmegaConf.to_container(cfg, resolve=True), run_dir)
+    except (ConfigError, DatasetNotFoundError) as exc:
+        # Bad input is the user's to fix: the message, not a traceback (exit status 1); the
+        # console gets it once, from SystemExit.
+        log.error("%s", exc, extra={console.SHOW: "file"})
+        raise SystemExit(f"hfl-simulate: {exc}") from None
+    report_run(run_dir)
+    best = summary["best"]
+    return best.get("pm_accuracy") or best.get("gm_accuracy")
+
+
+def main() -> None:
+    """``hfl-simulate``: Hydra composes the config against the schema (hfl/config/schema.py) and runs
+    ``task``. A value of the wrong type or an unknown key is refused while composing, before
+    ``task`` starts: printed as one line naming the key, exit status 1, as ``run`` reports
+    every other bad value (NaN and infinities included); Hydra's other composition errors (an
+    unknown option) are printed as Hydra words them. ``HYDRA_FULL_ERROR=1`` in the environment
+    keeps Hydra's full report."""
+    global _full_error_is_ours
+    schema.register()
+    if os.environ.get(FULL_ERROR):
+        task()
+        return
+    os.environ[FULL_ERROR], _full_error_is_ours = "1", True  # Hydra raises composition errors to us
+    try:
+        task()
+    except Exception as exc:  # only composition errors get here (the task's own go through Hydra)
+        error = schema.config_error(exc)
+        if error is None and not isinstance(exc, CompactHydraException):
+            raise
+        raise SystemExit(f"hfl-simulate: {error or exc}") from None
+    finally:
+        _composed()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""State that outlives a message: the versioned state store and resuming a killed run."""
