@@ -169,3 +169,26 @@ def test_supernode_auth_admits_only_registered_nodes(tmp_path: Path) -> None:
         assert "Failed to activate SuperNode" in (tmp_path / "bad.log").read_text()
     finally:
         dep.stop()
+
+
+def test_flwr_run_in_one_command_matches_in_process(tmp_path: Path) -> None:
+    """``hfl-deploy simulate``: Flower's own ``flwr run .`` on a local simulation SuperLink (its
+    five steps done by one command) trains the models an in-process run trains."""
+    overrides = [*BASE, "global_rounds=2"]
+    done = subprocess.run([roles.executable("hfl-deploy"), "simulate", "--output-dir", str(tmp_path / "flwr"),
+                           "--work-dir", str(tmp_path / "work"), *overrides],
+                          capture_output=True, text=True, timeout=600, check=False)
+    log = (tmp_path / "work" / "superlink.log").read_text()[-3000:] if (tmp_path / "work" / "superlink.log").exists() else ""
+    assert done.returncode == 0 and "finished:completed" in done.stdout, f"{done.stdout}\n{done.stderr[-3000:]}\n{log}"
+    (run_dir,) = (tmp_path / "flwr").iterdir()
+    assert_same_run(run_dir, simulated(tmp_path, overrides))
+    # the SuperLink is gone: nothing listens on its port any more
+    assert "SuperLinkLifespan: stop" in (tmp_path / "work" / "superlink.log").read_text()
+
+
+def test_flwr_run_in_one_command_refuses_a_bad_override_before_starting_anything(tmp_path: Path) -> None:
+    done = subprocess.run([roles.executable("hfl-deploy"), "simulate", "--work-dir", str(tmp_path / "work"),
+                           "algorithm.local_steps=-1"], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [
+        "hfl-deploy: algorithm.local_steps: must be >= 1, got -1"]
+    assert not (tmp_path / "work" / "superlink.log").exists()

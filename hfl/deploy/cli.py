@@ -4,6 +4,7 @@
     hfl-deploy team --team-id 0 --global HOST:9092 [--port 9192] ...       # each edge host
     hfl-deploy device --device-id 3 --team HOST:9192 [--node-port 9094]    # each device
     hfl-deploy submit --superlink HOST:9092 --output-dir /abs/out [OVERRIDES...]
+    hfl-deploy simulate [--output-dir DIR] [OVERRIDES...]                 # `flwr run .` on a local simulation SuperLink
     hfl-deploy certs --out DIR --name HOST [--name HOST ...]               # TLS files
     hfl-deploy node-key --out DIR --name device-3                          # SuperNode auth keys
     hfl-deploy register --superlink HOST:PORT --public-key FILE            # allow a SuperNode
@@ -26,6 +27,7 @@ from pathlib import Path
 from hfl.deploy import certs, roles
 from hfl.deploy.control import ControlClient
 from hfl.deploy.wiring import PROJECT_DIR
+from hfl.errors import ConfigError
 
 
 def supervise(commands: list[list[str]]) -> int:
@@ -132,6 +134,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--no-wait", action="store_true")
     s.add_argument("overrides", nargs="*", help="Hydra overrides, as for hfl-simulate")
 
+    m = sub.add_parser("simulate", help="`flwr run .` on a local simulation SuperLink, in one command")
+    m.add_argument("--output-dir", default="outputs/flwr", help="where the run's outputs go (made absolute)")
+    m.add_argument("--app-dir", default=str(PROJECT_DIR), help="the Flower app (this project)")
+    m.add_argument("--work-dir", help="keep the SuperLink's log and FLWR_HOME here (default: a temporary folder)")
+    m.add_argument("--timeout", type=float, default=7 * 24 * 3600)
+    m.add_argument("overrides", nargs="*", help="Hydra overrides, as for hfl-simulate")
+
     c = sub.add_parser("certs", help="a CA and a server certificate for SuperLinks")
     c.add_argument("--out", required=True)
     c.add_argument("--name", action="append", default=[], help="a host name or IP the SuperLinks are reached by")
@@ -160,6 +169,15 @@ def main(argv: list[str] | None = None) -> int:
             return supervise(commands)
         if args.command == "submit":
             return submit(args)
+        if args.command == "simulate":
+            from hfl.deploy.flwr_run import simulate
+
+            work = Path(args.work_dir).resolve() if args.work_dir else None
+            if work is not None:
+                work.mkdir(parents=True, exist_ok=True)
+            status = simulate(list(args.overrides), Path(args.output_dir), Path(args.app_dir), args.timeout, work)
+            print(f"hfl-deploy simulate: {status}", flush=True)
+            return 0 if status == "finished:completed" else 1
         if args.command == "certs":
             paths = certs.make_tls(args.out, args.name or ["localhost"])
             print("\n".join(str(p) for p in paths.values()))
@@ -178,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             ControlClient(args.superlink, args.root_certificates or "", Path(home), PROJECT_DIR) \
                 .register_supernode(Path(args.public_key))
         return 0
-    except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
+    except (FileNotFoundError, RuntimeError, TimeoutError, ConfigError) as exc:
         raise SystemExit(f"hfl-deploy: {exc}") from None
 
 

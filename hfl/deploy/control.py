@@ -40,9 +40,13 @@ class ControlClient:
             raise RuntimeError(f"flwr {args[0]} failed: {reply.get('error-message', reply)}")
         return reply
 
-    def submit(self, run_config: Mapping[str, object], config_file: Path) -> int:
+    def submit(self, run_config: Mapping[str, object], config_file: Path,
+               federation_config: Mapping[str, object] | None = None) -> int:
         config_file.write_text("".join(f"{key} = {toml_value(v)}\n" for key, v in run_config.items()))
-        return int(self._cli("run", str(self.app_dir), CONNECTION, "--run-config", str(config_file))["run-id"])
+        extra = []
+        if federation_config:  # e.g. a simulation SuperLink's num-supernodes
+            extra = ["--federation-config", " ".join(f"{k}={toml_value(v)}" for k, v in federation_config.items())]
+        return int(self._cli("run", str(self.app_dir), CONNECTION, "--run-config", str(config_file), *extra)["run-id"])
 
     def status(self, run_id: int) -> str:
         return str(self._cli("ls", CONNECTION, "--run-id", str(run_id))["runs"][0]["status"])

@@ -1,0 +1,60 @@
+"""``flwr run .`` in one command (``hfl-deploy simulate``): the app run by Flower's own CLI on a
+local simulation SuperLink, with Flower's five steps done for the user — a private FLWR_HOME, a
+SuperLink started with ``--simulation --disable-runtime-dependency-installation`` (Flower's managed
+local SuperLink would reinstall the app's dependencies for every run), a connection naming it,
+``flwr run . <connection> --federation-config num-supernodes=<level-1 nodes>`` with the Hydra
+overrides as the run config, and the run's final status, after which the SuperLink is stopped."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+from hfl.deploy import roles
+from hfl.deploy.control import ControlClient
+from hfl.deploy.loopback import free_ports, wait_port
+
+log = logging.getLogger("hfl")
+
+
+def simulate(overrides: list[str], output_dir: Path, app_dir: Path, timeout: float, work_dir: Path | None = None) -> str:
+    """Run the experiment ``overrides`` describe with ``flwr run`` on a fresh local simulation
+    SuperLink; returns the run's final status (``finished:completed`` when it succeeded). The
+    overrides are checked here first, so a bad one fails before any process starts."""
+    from hfl.runtime.apps import compose_config
+    from hfl.runtime.build import federation_for
+
+    if any(o.startswith("runtime=") and o != "runtime=simulation" for o in overrides):
+        raise RuntimeError("hfl-deploy simulate runs Flower's simulation runtime; drop the runtime= override")
+    cfg = compose_config(shlex.join(overrides), 0)
+    supernodes = len(federation_for(cfg).tree.children(""))
+    with tempfile.TemporaryDirectory(prefix="hfl-flwr-") as tmp:
+        work = Path(work_dir or tmp)
+        home = work / "flwr-home"
+        (port,) = free_ports(1)
+        command = ["flower-superlink", "--insecure", "--simulation", "--disable-runtime-dependency-installation",
+                   "--host", "127.0.0.1", "--port", str(port)]
+        with (work / "superlink.log").open("ab") as out:
+            superlink = subprocess.Popen([roles.executable(command[0]), *command[1:]], stdout=out,
+                                         stderr=subprocess.STDOUT, cwd=work,
+                                         env=roles.process_env(FLWR_HOME=str(home)), start_new_session=True)
+        try:
+            wait_port(port, timeout=60)
+            link = ControlClient(f"127.0.0.1:{port}", "", home, app_dir)
+            run_config = {"overrides": shlex.join(overrides), "output-dir": str(output_dir.resolve())}
+            run_id = link.submit(run_config, work / "run-config.toml",
+                                 federation_config={"num-supernodes": supernodes})
+            log.info("hfl-deploy simulate: run %d on %d SuperNodes (SuperLink 127.0.0.1:%d)", run_id, supernodes, port)
+            return link.wait(run_id, timeout, poll=2.0)
+        finally:
+            if superlink.poll() is None:
+                os.killpg(superlink.pid, signal.SIGTERM)
+                try:
+                    superlink.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(superlink.pid, signal.SIGKILL)
