@@ -1,0 +1,135 @@
+"""The documentation site (mkdocs.yml, docs/): it builds with ``mkdocs build --strict`` (a broken
+link or anchor, a page left out of the nav, an unresolved reference or a module mkdocstrings
+cannot read fails it), and the per-algorithm pages stay in step with ``conf/algorithm/``: one page
+per config file and no other, every key of the file named on its page, every default a page's key
+table gives equal to the config's (inherited keys included), the page's ``any_depth`` statement
+true, and a command that runs the algorithm."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf" / "algorithm"
+PAGES = ROOT / "docs" / "algorithms"
+NOT_ALGORITHMS = {"index"}  # docs/algorithms/index.md: the overview
+
+
+def mkdocs() -> str | None:
+    """The venv's mkdocs (beside this interpreter), else one on PATH."""
+    local = Path(sys.executable).with_name("mkdocs")
+    return str(local) if local.is_file() else shutil.which("mkdocs")
+
+
+def algorithm_names() -> list[str]:
+    return sorted(p.stem for p in CONF.glob("*.yaml"))
+
+
+def own_keys(name: str) -> dict:
+    """The top-level keys of conf/algorithm/<name>.yaml itself, ``defaults`` left out."""
+    text = yaml.safe_load((CONF / f"{name}.yaml").read_text()) or {}
+    return {k: v for k, v in text.items() if k != "defaults"}
+
+
+def resolved_keys(name: str) -> dict:
+    """Its keys with those of the sibling files its defaults list names (``- femam``) merged
+    under them, as Hydra composes them (a sibling first, then ``_self_``)."""
+    text = yaml.safe_load((CONF / f"{name}.yaml").read_text()) or {}
+    merged: dict = {}
+    for entry in text.get("defaults") or []:
+        if isinstance(entry, str) and (CONF / f"{entry}.yaml").is_file():
+            merged.update(resolved_keys(entry))
+    merged.update(own_keys(name))
+    return merged
+
+
+def page(name: str) -> str:
+    return (PAGES / f"{name}.md").read_text()
+
+
+ROW = re.compile(r"^\|\s*`([A-Za-z_][A-Za-z0-9_]*)`\s*\|\s*`([^|]*)`\s*\|", re.MULTILINE)
+
+
+def table_defaults(text: str) -> list[tuple[str, str]]:
+    """(key, default) of every key-table row: ``| `key` | `default` | where from |``."""
+    return ROW.findall(text)
+
+
+def test_mkdocs_build_strict(tmp_path):
+    exe = mkdocs()
+    if exe is None:
+        pytest.skip("mkdocs is not installed (pip install mkdocs-material 'mkdocstrings[python]')")
+    run = subprocess.run([exe, "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
+                          "--site-dir", str(tmp_path / "site")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert run.returncode == 0, f"mkdocs build --strict failed:\n{run.stdout}\n{run.stderr}"
+    assert (tmp_path / "site" / "api" / "index.html").is_file()
+    api = (tmp_path / "site" / "api" / "index.html").read_text()
+    assert 'id="hfl.algorithm.ServerRule"' in api  # mkdocstrings rendered the protocol
+
+
+def test_one_page_per_algorithm_config():
+    configs = set(algorithm_names())
+    pages = {p.stem for p in PAGES.glob("*.md")} - NOT_ALGORITHMS
+    assert configs, "no conf/algorithm/*.yaml found"
+    assert configs - pages == set(), f"configs without a page in docs/algorithms/: {sorted(configs - pages)}"
+    assert pages - configs == set(), f"pages without a conf/algorithm/*.yaml: {sorted(pages - configs)}"
+
+
+def test_nav_lists_every_algorithm_page():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    missing = [n for n in algorithm_names() if f"algorithms/{n}.md" not in nav]
+    assert not missing, f"mkdocs.yml's nav lacks: {missing}"
+    overview = page("index")
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| \[`(\w+)`\]\(\1\.md\).*$", overview, re.MULTILINE)}
+    unlisted = [n for n in algorithm_names() if n not in rows]
+    assert not unlisted, f"docs/algorithms/index.md's table does not list: {unlisted}"
+    wrong = []
+    for name in algorithm_names():  # its last two columns: any_depth, batched
+        cells = [c.strip() for c in rows[name].strip().strip("|").split("|")]
+        keys = resolved_keys(name)
+        expected = ["true" if keys.get("any_depth", False) else "false", "yes" if keys.get("batched") else "no"]
+        if cells[-2:] != expected:
+            wrong.append(f"{name}: {cells[-2:]} (config: {expected})")
+    assert not wrong, f"docs/algorithms/index.md's any_depth / batched columns: {wrong}"
+
+
+@pytest.mark.parametrize("name", algorithm_names())
+def test_page_names_every_key(name):
+    text = page(name)
+    missing = [k for k in own_keys(name) if f"`{k}`" not in text]
+    assert not missing, f"docs/algorithms/{name}.md does not mention these keys of conf/algorithm/{name}.yaml: {missing}"
+
+
+@pytest.mark.parametrize("name", algorithm_names())
+def test_page_defaults_match_config(name):
+    keys = resolved_keys(name)
+    rows = table_defaults(page(name))
+    assert rows, f"docs/algorithms/{name}.md has no key table (| `key` | `default` | ... |)"
+    wrong = []
+    for key, shown in rows:
+        if key not in keys:
+            wrong.append(f"{key}: on the page, not in the config")
+        elif yaml.safe_load(shown) != keys[key]:
+            wrong.append(f"{key}: page {shown!r}, config {keys[key]!r}")
+    assert not wrong, f"docs/algorithms/{name}.md: " + "; ".join(wrong)
+    tabled = {k for k, _ in rows}
+    untabled = [k for k in keys if k not in tabled]  # inherited keys too (fesem: femam's)
+    assert not untabled, f"docs/algorithms/{name}.md: keys without a row in its key tables: {untabled}"
+
+
+@pytest.mark.parametrize("name", algorithm_names())
+def test_page_states_tree_support_and_command(name):
+    text = page(name)
+    depth = "true" if resolved_keys(name).get("any_depth", False) else "false"
+    assert f"`any_depth: {depth}`" in text, f"docs/algorithms/{name}.md must state `any_depth: {depth}`"
+    assert f"hfl-simulate algorithm={name}" in text, f"docs/algorithms/{name}.md has no command running it"
