@@ -399,6 +399,28 @@ class DeploymentRuntimeConfig(RuntimeConfig):
     team_run_timeout: float = MISSING
 
 
+# -------------------------------------------------------------------------------- logger
+@dataclass
+class LoggerConfig:
+    """Experiment tracking (hfl/output/tracking.py): ``name`` in none | tensorboard | mlflow
+    (checked by hfl.output.tracking before training)."""
+
+    name: str = MISSING
+
+
+@dataclass
+class TensorBoardLoggerConfig(LoggerConfig):
+    log_dir: Optional[str] = MISSING  # null: <run dir>/tensorboard; else <log_dir>/<the run's last two folders>
+
+
+@dataclass
+class MlflowLoggerConfig(LoggerConfig):
+    tracking_uri: Optional[str] = MISSING  # null: MLFLOW_TRACKING_URI, else MLflow's default
+    experiment_name: str = MISSING
+    run_name: Optional[str] = MISSING  # null: the run directory's last two folders
+    artifact_location: Optional[str] = MISSING  # of an experiment it creates; null: beside a sqlite database
+
+
 # ---------------------------------------------------------------------------------- root
 @dataclass
 class HflConfig:
@@ -412,6 +434,7 @@ class HflConfig:
     model: Any = MISSING
     topology: Any = MISSING
     runtime: Any = MISSING
+    logger: Any = MISSING  # experiment tracking (conf/logger/): not part of the run, free to change on resume
     global_rounds: int = MISSING  # T
     eval_every: int = MISSING
     seed: int = MISSING
@@ -446,6 +469,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "topology": {"base": TopologyConfig, "tree": TreeTopologyConfig},
     "runtime": {"simulation": SimulationRuntimeConfig, "inprocess": InProcessRuntimeConfig,
                 "deployment": DeploymentRuntimeConfig},
+    "logger": {"base": LoggerConfig, "tensorboard": TensorBoardLoggerConfig, "mlflow": MlflowLoggerConfig},
 }
 
 _registered = False

@@ -1,6 +1,7 @@
 """Run outputs: metrics.jsonl (one line per evaluated global round), summary.json,
 checkpoints, a line per evaluated round for the console, and at the end the run's plots
-and report.md."""
+and report.md; each row and, at the end, the plots and report.md go to the run's tracker too
+(the ``logger`` group, hfl.output.tracking), which never affects them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from flwr.common import NDArrays
 
-from hfl.output import run_report
+from hfl.output import run_report, tracking
 from hfl.output.console import ROUND, SHOW, round_line
 from hfl.state.resume import Checkpoint, write_checkpoint
 from hfl.state.store import atomic_savez, atomic_write_bytes
@@ -83,9 +84,13 @@ def rows_up_to(path: Path, key: str, last_round: int) -> list[str]:
 
 class Recorder:
     """``restore`` (a ``state()`` with its ``round``): go on with a run resumed after that round;
-    metrics.jsonl and samples.jsonl are cut back to it (hfl.state.resume)."""
+    metrics.jsonl and samples.jsonl are cut back to it (hfl.state.resume). ``tracker``: a started
+    tracker (hfl.output.tracking.begin) that gets each row after it is written, and the plots
+    and report.md once they are drawn; its failures are logged once and never raised here."""
 
-    def __init__(self, run_dir: str | Path, meta: dict, num_rounds: int, restore: dict | None = None) -> None:
+    def __init__(self, run_dir: str | Path, meta: dict, num_rounds: int, restore: dict | None = None,
+                 tracker: tracking.Guarded | None = None) -> None:
+        self.tracker = tracking.guarded(tracker)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "checkpoints").mkdir(exist_ok=True)
@@ -145,6 +150,8 @@ class Recorder:
             self.lines.append(line)
             with self.metrics_path.open("a") as f:
                 f.write(json.dumps(line) + "\n")
+            if self.tracker is not None:
+                self.tracker.log_round(line)
             atomic_savez(self.run_dir / "checkpoints" / "global_model.npz", *model, round=np.array(rnd))
             # The console shows this line (hfl.output.console); ROUND moves its progress bar.
             log.info("%s", round_line(line, self.num_rounds), extra={ROUND: rnd, SHOW: "run"})
@@ -153,8 +160,15 @@ class Recorder:
         if checkpoint:
             write_checkpoint(self.run_dir, Checkpoint(rnd, self.state()))
         if rnd == self.num_rounds:
-            self.write_summary()
-            self.draw()
+            self.finish()
+
+    def finish(self) -> dict:
+        """summary.json, the plots and report.md, and the tracker's artifacts; the summary."""
+        summary = self.write_summary()
+        self.draw()
+        if self.tracker is not None:
+            self.tracker.finish(self.run_dir)
+        return summary
 
     def draw(self) -> None:
         """accuracy.png, loss.png and report.md in the run directory. The run has finished by

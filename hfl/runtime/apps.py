@@ -31,6 +31,7 @@ from hfl.deploy.wiring import deployed_client, team_server_components, tier_of
 from hfl.runtime.build import build_team_node, federation_for, initial_model
 from hfl.node.payload import Payload
 from hfl.runtime.polling import PolledServerApp
+from hfl.output import tracking
 from hfl.output.recorder import Recorder
 from hfl.state.resume import Checkpoint, Resumed
 from hfl.node.root import RootStrategy
@@ -47,17 +48,19 @@ def run_meta(cfg: Mapping) -> dict:
     return {"algorithm": cfg["algorithm"]["name"], "dataset": cfg["dataset"]["name"], "model": cfg["model"]["name"]}
 
 
-def build_global_strategy(cfg: Mapping, run_dir: str | Path, start: Checkpoint | None = None) -> Strategy:
+def build_global_strategy(cfg: Mapping, run_dir: str | Path, start: Checkpoint | None = None,
+                          tracker: tracking.Guarded | None = None) -> Strategy:
     """The root: the algorithm's server rule at level 0 under hfl.node.root's driver, rebuilt from the
     state store (which a resumed run has rolled back to ``start.round``); with ``start``, the
-    rounds Flower counts are offset by it (hfl.state.resume)."""
+    rounds Flower counts are offset by it (hfl.state.resume). ``tracker``: the run's started
+    tracker (hfl.output.tracking), fed by its recorder."""
     fed = federation_for(cfg)
     if cfg["runtime"]["name"] == "deployment" and fed.tree.depth != 2:
         raise ConfigError("topology", f"deployment runs three tiers (root, team hosts, devices); this tree has depth "
                                       f"{fed.tree.depth} (deeper deployments are not built yet)")
     alg = cfg["algorithm"]
     restore = None if start is None else {**start.recorder, "round": start.round}
-    recorder = Recorder(run_dir, run_meta(cfg), int(cfg["global_rounds"]), restore=restore)
+    recorder = Recorder(run_dir, run_meta(cfg), int(cfg["global_rounds"]), restore=restore, tracker=tracker)
     server = load_server(alg)
     initial = Payload("model", {"model": initial_model(cfg, fed)})
 
@@ -113,9 +116,10 @@ def freeze_long_lived_objects() -> None:
         _frozen = True
 
 
-def make_server_app(cfg: Mapping, run_dir: str | Path, start: Checkpoint | None = None) -> ServerApp:
+def make_server_app(cfg: Mapping, run_dir: str | Path, start: Checkpoint | None = None,
+                    tracker: tracking.Guarded | None = None) -> ServerApp:
     def server_fn(context: Context) -> ServerAppComponents:
-        strategy = build_global_strategy(cfg, run_dir, start)
+        strategy = build_global_strategy(cfg, run_dir, start, tracker)
         return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds_left(cfg, start)))
 
     return PolledServerApp(server_fn=server_fn, pull_interval=cfg["runtime"].get("poll_interval"))
@@ -152,7 +156,8 @@ def _flwr_server_fn(context: Context) -> ServerAppComponents:
         return team_server_components(cfg, context)
     out = Path(str(context.run_config.get("output-dir", "outputs/flwr"))) / time.strftime("%Y-%m-%d_%H-%M-%S")
     log.info("hfl: writing outputs to %s", out.resolve())
-    strategy = build_global_strategy(cfg, out)
+    tracker = tracking.begin(tracking.open_tracker(cfg.get("logger"), out), cfg)  # the logger group
+    strategy = build_global_strategy(cfg, out, tracker=tracker)
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=int(cfg["global_rounds"])))
 
 

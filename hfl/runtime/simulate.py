@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hfl.accel import batched
 
-from hfl.output import console
+from hfl.output import console, tracking
 
 from hfl.config import schema
 from hfl.runtime.apps import (
@@ -45,17 +45,19 @@ ray_actors = logging.getLogger("ray.actors")
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def run_inprocess(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None) -> None:
+def run_inprocess(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None,
+                  tracker: tracking.Guarded | None = None) -> None:
     """Flower's legacy server loop over team nodes in this process (no Ray): the same
     strategies and clients, used for tests and to measure the runtime's overhead. ``start``:
-    go on after that checkpoint's round (hfl.state.resume)."""
+    go on after that checkpoint's round (hfl.state.resume); ``tracker``: the run's started
+    tracker (hfl.output.tracking)."""
     batched.use_runtime_threads(cfg["runtime"])
     tree = federation_for(cfg).tree
     proxies = [
         InProcessClientProxy(f"{t:06d}", lambda t=t: build_team_node(cfg, t, cfg["runtime"]["state_dir"]).to_client())
         for t in range(len(tree.children("")))
     ]
-    manager, strategy = client_manager_of(proxies), build_global_strategy(cfg, run_dir, start)
+    manager, strategy = client_manager_of(proxies), build_global_strategy(cfg, run_dir, start, tracker)
     # Only where some lowest node is small enough to be merged: else the parties would only keep
     # each other's nodes built (and glibc an allocation arena per thread: 3,500 devices in 5
     # teams peaked at 1.74 GiB against 1.5 one team at a time).
@@ -125,8 +127,10 @@ def ray_init_args(runtime: Mapping) -> dict:
     return args
 
 
-def run_simulation(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None) -> None:
-    """Flower's Simulation Runtime (Ray): one SuperNode per team (``start`` as run_inprocess's)."""
+def run_simulation(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None,
+                   tracker: tracking.Guarded | None = None) -> None:
+    """Flower's Simulation Runtime (Ray): one SuperNode per team (``start`` and ``tracker`` as
+    run_inprocess's; the ServerApp runs in this process, so the tracker is this one)."""
     from flwr.simulation import run_simulation as flwr_run_simulation
 
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
@@ -137,7 +141,7 @@ def run_simulation(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None)
     # (hfl.output.console), and Flower's DEBUG lines, which the log file always has.
     with ray_output_to_log() as logging_args, simulation_polling(runtime.get("poll_interval")):
         flwr_run_simulation(
-            server_app=make_server_app(cfg, run_dir, start),
+            server_app=make_server_app(cfg, run_dir, start, tracker),
             client_app=make_client_app(cfg),
             num_supernodes=len(federation_for(cfg).teams),
             backend_config={"client_resources": {"num_cpus": runtime["num_cpus_per_team"], "num_gpus": float(runtime.get("num_gpus_per_team", 0.0))},
@@ -170,6 +174,10 @@ def run(cfg: Mapping, run_dir: str | Path) -> dict:
     if cfg["runtime"]["name"] == "deployment":
         raise ConfigError("runtime.name", "deployment runs are submitted to a running global SuperLink "
                           "with `hfl-deploy submit` (see README, Deployment), not started by hfl-simulate")
+    # Experiment tracking (the logger group, hfl.output.tracking): its library and store checked now.
+    # It is not part of the run: the run's recorded config leaves it out (a run resumes under any logger).
+    tracked = json.loads(json.dumps(cfg))  # what the tracker records: the config as given
+    tracker = tracking.open_tracker(cfg.pop("logger", None), run_dir)
     fed = federation_for(cfg)
     check_tree(cfg, fed.tree)
     initial_model(cfg, fed)  # the model must fit the data (and the algorithm) before any process starts
@@ -178,7 +186,7 @@ def run(cfg: Mapping, run_dir: str | Path) -> dict:
     if start is not None and start.round >= rounds:
         log.info("hfl: the run in %s is complete (%d of %d global rounds); nothing to resume",
                  console.shown_path(run_dir), start.round, rounds, extra={console.SHOW: "run"})
-        return finished_summary(cfg, run_dir, start)
+        return finished_summary(cfg, run_dir, start, tracker, tracked)
     if cfg.get("resume", False):
         log.info("hfl: resuming the run in %s after global round %d of %d", console.shown_path(run_dir),
                  start.round if start is not None else 0, rounds, extra={console.SHOW: "run"})
@@ -192,7 +200,12 @@ def run(cfg: Mapping, run_dir: str | Path) -> dict:
              cfg["algorithm"]["name"], cfg["dataset"]["name"], cfg["model"]["name"], fed.tree.depth, len(fed.teams),
              len(fed.devices), cfg["global_rounds"], console.shown_path(run_dir), extra={console.SHOW: "run"})
     state.mkdir(parents=True, exist_ok=True)
-    (run_inprocess if cfg["runtime"]["name"] == "inprocess" else run_simulation)(cfg, run_dir, start)
+    started = tracking.begin(tracker, tracked, start.recorder["lines"] if start is not None else ())
+    try:
+        (run_inprocess if cfg["runtime"]["name"] == "inprocess" else run_simulation)(cfg, run_dir, start, started)
+    finally:
+        if started is not None:
+            started.close()  # a tracker run the recorder did not finish: the run failed or was stopped
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     if summary.get("rounds") != cfg["global_rounds"]:
@@ -203,17 +216,22 @@ def run(cfg: Mapping, run_dir: str | Path) -> dict:
     return summary
 
 
-def finished_summary(cfg: Mapping, run_dir: Path, done: Checkpoint) -> dict:
-    """A finished run's summary; written again (with its plots) if the run was killed after its
-    last checkpoint and before them."""
+def finished_summary(cfg: Mapping, run_dir: Path, done: Checkpoint, tracker: tracking.Tracker | None = None,
+                     tracked: Mapping | None = None) -> dict:
+    """A finished run's summary; written again (with its plots, and the tracker's artifacts) if
+    the run was killed after its last checkpoint and before them."""
     path = run_dir / "summary.json"
     summary = json.loads(path.read_text()) if path.exists() else {}
     if summary.get("rounds") == cfg["global_rounds"]:
         return summary
-    recorder = Recorder(run_dir, run_meta(cfg), int(cfg["global_rounds"]), restore={**done.recorder, "round": done.round})
-    summary = recorder.write_summary()
-    recorder.draw()
-    return summary
+    started = tracking.begin(tracker, tracked or cfg, done.recorder["lines"])
+    recorder = Recorder(run_dir, run_meta(cfg), int(cfg["global_rounds"]), restore={**done.recorder, "round": done.round},
+                        tracker=started)
+    try:
+        return recorder.finish()
+    finally:
+        if started is not None:
+            started.close()
 
 
 def console_mode(cfg: DictConfig) -> str:
