@@ -1,31 +1,53 @@
 # Two commands set up and use hfl on a fresh machine (Python >= 3.11):
 #   make run    - install into .venv if needed, run the default experiment, experiment=demo (ARGS="..." for Hydra overrides)
-#   make test   - install into .venv if needed, run the test suite: the default suite, then the
-#                 deployment tests (real SuperLink/SuperNode processes, a few minutes)
+#   make test   - install into .venv if needed (with the test, docs and tracking extras), run the test suite: the
+#                 default suite, then the deployment tests (real SuperLink/SuperNode processes, a few minutes)
+# Both install the versions in constraints.txt, those the suite last passed with; `make lock` refreshes it
+# from the newest releases, and CONSTRAINTS= (empty) installs the newest without pinning.
 PYTHON ?= python3
 VENV ?= .venv
-STAMP := $(VENV)/.installed
+CONSTRAINTS ?= constraints.txt
+PIN := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
+RUN_STAMP := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
+TEST_EXTRAS := dev,docs,track
 
-.PHONY: run test test-fast install clean
+.PHONY: run test test-fast install lock clean
 
 # pip's own output goes to $(VENV)/install.log (shown only if the install fails).
-$(STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml $(CONSTRAINTS)
 	@echo "installing hfl into $(VENV) (a few minutes the first time; log: $(VENV)/install.log)"
 	@$(PYTHON) -m venv $(VENV)
 	@$(VENV)/bin/pip install --quiet --upgrade pip > $(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
-	@$(VENV)/bin/pip install --quiet -e ".[dev]" >> $(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
-	@touch $(STAMP)
+	@$(VENV)/bin/pip install --quiet $(PIN) -e . >> $(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
+	@touch $(RUN_STAMP)
 
-install: $(STAMP)
+$(TEST_STAMP): $(RUN_STAMP)
+	@echo "installing the test, docs and tracking extras (log: $(VENV)/install.log)"
+	@$(VENV)/bin/pip install --quiet $(PIN) -e ".[$(TEST_EXTRAS)]" >> $(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
+	@touch $(TEST_STAMP)
 
-run: $(STAMP)
+install: $(TEST_STAMP)
+
+run: $(RUN_STAMP)
 	@$(VENV)/bin/hfl-simulate experiment=demo $(ARGS)
 
 test: test-fast
 	$(VENV)/bin/python -m pytest -q -m deployment
 
-test-fast: $(STAMP)
+test-fast: $(TEST_STAMP)
 	$(VENV)/bin/python -m pytest -q $(ARGS)
 
+# The newest releases of everything, installed into a scratch venv and frozen into constraints.txt;
+# then `make test` installs and tests them (commit constraints.txt once it passes).
+lock:
+	@rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	@.lock-venv/bin/pip install --quiet --upgrade pip
+	@.lock-venv/bin/pip install --quiet -e ".[$(TEST_EXTRAS)]"
+	@(echo "# The versions hfl's test suite passed with (make lock refreshes it; see README)."; \
+	  .lock-venv/bin/pip freeze --exclude-editable | grep -v '^-e ' | sort -f) > constraints.txt
+	@rm -rf .lock-venv
+	@echo "constraints.txt: $$(grep -vc '^#' constraints.txt) pins; now run make test"
+
 clean:
-	rm -rf $(VENV) outputs multirun
+	rm -rf $(VENV) outputs multirun .lock-venv site

@@ -162,7 +162,7 @@ def resolve_device(setting: str) -> torch.device:
     return torch.device(setting)
 
 
-# Measured on 2 CPU cores (README "Speed"): batched MCLR and the synthetic DNN (1,430 parameters;
+# Measured on 2 CPU cores (docs/performance.md): batched MCLR and the synthetic DNN (1,430 parameters;
 # both closed forms, hfl.accel.closed_forms) run 1.5-2.7x faster than one by one; MNIST's MLP (159,010)
 # ran 1.1x slower batched, even in closed form (13.4 vs 11.7 s per PerMFL round), and vmap over
 # its CNN 3.5x slower. On a GPU the batched path is the point.

@@ -1,5 +1,5 @@
 """Batched step loops as TorchScript (the dual form's, hfl.accel.mclr_dual; the closed forms' primal
-loop gained nothing in whole runs, README "Speed"): a scripted loop runs without holding Python's
+loop gained nothing in whole runs, docs/performance.md): a scripted loop runs without holding Python's
 GIL (so the size groups stepped on threads, ``runtime.batched_threads``, run in parallel instead
 of taking turns at the interpreter) and dispatches each of its small tensor operations with less
 overhead than Python. The same operations in the same order: the same floats as the plain

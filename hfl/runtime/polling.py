@@ -5,7 +5,7 @@ places: the SuperLink's thread that hands instructions to the Ray workers
 (``vce_api.add_messages_to_queue``) and the ``InMemoryGrid`` that collects the replies
 (``pull_interval``, a constructor argument). Every exchange (a fit, an evaluation) waits for
 both, so a global round lost ~0.2 s to them, more than a third of a round of the MNIST MCLR
-preset (README, Speed). Flower's maintainers chose 0.1 s as a safe default and note that the
+preset (docs/performance.md). Flower's maintainers chose 0.1 s as a safe default and note that the
 state's flags allow 0.01 s or lower (flwrlabs/flower#3369). The grid's interval is set through
 its public attribute; the dispatch loop has no setting, so it is replaced for the duration of a
 run by the same loop with a shorter wait, and only where Flower's function still has the

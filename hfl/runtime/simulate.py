@@ -173,7 +173,7 @@ def run(cfg: Mapping, run_dir: str | Path) -> dict:
     validate(cfg)
     if cfg["runtime"]["name"] == "deployment":
         raise ConfigError("runtime.name", "deployment runs are submitted to a running global SuperLink "
-                          "with `hfl-deploy submit` (see README, Deployment), not started by hfl-simulate")
+                          "with `hfl-deploy submit` (see docs/runtimes.md, Deployment), not started by hfl-simulate")
     # Experiment tracking (the logger group, hfl.output.tracking): its library and store checked now.
     # It is not part of the run: the run's recorded config leaves it out (a run resumes under any logger).
     tracked = json.loads(json.dumps(cfg))  # what the tracker records: the config as given
