@@ -198,16 +198,38 @@ def test_rounds_disagreement_warned_and_shown(tmp_path):
     groups = report.group_runs(report.collect_runs([tmp_path]))
     warnings = report.check_groups(groups)
     assert any("disagree on rounds" in w for w in warnings)
-    row_line = report.group_table(groups[("synthetic", "mclr")], None).splitlines()[2]
-    assert row_line.endswith("| 2 (0, 1) | 3, 5 |")
+    # 3 and 5 global rounds are two experiments: two rows, not one averaged over both
+    lines = report.group_table(groups[("synthetic", "mclr")], None).splitlines()[2:]
+    assert [line.split(" | ")[0] for line in lines] == ["| permfl (global_rounds=3)", "| permfl (global_rounds=5)"]
+    assert lines[0].endswith("| 1 (0) | 3 |") and lines[1].endswith("| 1 (1) | 5 |")
 
 
-def test_config_difference_and_repeated_seed_warned(tmp_path):
+def test_runs_of_other_configs_are_reported_apart_and_repeated_seeds_warned(tmp_path):
     make_run(tmp_path / "a", "permfl", "synthetic", "mclr", 0, [0.5], [0.1], lam=0.5)
-    make_run(tmp_path / "b", "permfl", "synthetic", "mclr", 0, [0.5], [0.1], lam=15)
-    warnings = report.check_groups(report.group_runs(report.collect_runs([tmp_path])))
-    assert any("differ in more than the seed (algorithm.lam)" in w for w in warnings)
-    assert any("seed(s) [0] appear more than once" in w for w in warnings)
+    make_run(tmp_path / "b", "permfl", "synthetic", "mclr", 0, [0.7], [0.1], lam=15)
+    make_run(tmp_path / "c", "permfl", "synthetic", "mclr", 1, [0.9], [0.1], lam=15)
+    make_run(tmp_path / "d", "permfl", "synthetic", "mclr", 1, [0.9], [0.1], lam=15)
+    groups = report.group_runs(report.collect_runs([tmp_path]))
+    rows = groups[("synthetic", "mclr")]
+    assert sorted(rows) == ["permfl (algorithm.lam=0.5)", "permfl (algorithm.lam=15)"]
+    assert [len(row.runs) for row in rows.values()] == [1, 3]
+    table = report.group_table(rows, None)
+    assert "| permfl (algorithm.lam=0.5) | 50.00 |" in table  # not averaged with the lam=15 runs (70, 90, 90)
+    warnings = report.check_groups(groups)
+    assert any("runs of 2 configurations, reported apart (algorithm.lam)" in w for w in warnings)
+    assert any("seed(s) [1] appear more than once" in w for w in warnings)
+
+
+def test_a_malformed_run_directory_is_named_and_skipped(tmp_path, capsys):
+    make_run(tmp_path / "good", "permfl", "synthetic", "mclr", 0, [0.5], [0.1])
+    bad = make_run(tmp_path / "bad", "permfl", "synthetic", "mclr", 1, [0.5], [0.1])
+    (bad / "summary.json").write_text("{ not json")
+    runs = report.collect_runs([tmp_path])
+    assert [run.path.name for run in runs] == ["good"]
+    assert f"{bad / 'summary.json'}: malformed JSON" in capsys.readouterr().err
+    (tmp_path / "good" / "metrics.jsonl").write_text("garbage\n")
+    with pytest.raises(SystemExit, match="no readable runs: .*good/metrics.jsonl:1: malformed JSON line"):
+        report.collect_runs([tmp_path])
 
 
 def test_aggregate_and_format():

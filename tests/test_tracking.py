@@ -221,7 +221,7 @@ def test_a_resumed_run_goes_on_in_the_same_tensorboard_folder_each_round_once(tm
             got, want = [got[0], got[2]], [want[0], want[2]]
         assert got == want, key
     assert len(events.Tensors("config/text_summary")) == 1 and len(events.Images("loss")) == 1
-    run(cfg, tmp_path)  # a new run in the same directory starts afresh, as metrics.jsonl does
+    run({**cfg, "overwrite": True}, tmp_path)  # a new run in the same directory starts afresh, as metrics.jsonl does
     assert [step for step, _ in scalars(read_events(tmp_path / "tensorboard"), "seconds")] == [1, 2, 3]
 
 

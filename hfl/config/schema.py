@@ -439,6 +439,7 @@ class HflConfig:
     eval_every: int = MISSING
     seed: int = MISSING
     resume: bool = MISSING  # go on with the killed run in hydra.run.dir (hfl.state.resume)
+    overwrite: bool = MISSING  # a fresh run may replace the run already in hydra.run.dir
 
 
 # group -> {schema name -> dataclass}; a YAML file names one as /schema/<group>/<name>@_here_.

@@ -31,8 +31,10 @@ Conventions:
 * Rounds: the "rounds" column lists every distinct ``rounds`` of the row's summaries;
   runs of one dataset/model that disagree on rounds also produce a warning (stderr),
   since their "final" then means different rounds.
-* Runs of one row whose Hydra configs differ in anything but the seed (and the runtime)
-  produce a warning too: they are aggregated as if they were seeds of one experiment.
+* A row holds the runs of one algorithm whose Hydra configs agree in everything but the seed
+  (and how they ran: runtime, resume, overwrite, logger); runs of other configs get rows of
+  their own, named by the keys that differ, with a warning. A malformed run directory is named
+  and skipped.
 * Client mean: where some run of a table reports ``client_mean_accuracy`` (the unweighted
   mean over devices of each device's PM accuracy, the FeMAM paper's figure; the PM columns
   pool every test sample instead), the table gets "client mean best" and "client mean final"
@@ -73,7 +75,8 @@ CLIENT_MEAN = "client_mean"  # client_mean_accuracy: the devices' PM accuracies,
 PAPER_KEYS = (*MODELS, "pflego", CLIENT_MEAN)
 PAPER_LABELS = {"pm": "PM", "gm": "GM", "pflego": "pflego", CLIENT_MEAN: "client mean"}
 KINDS = ("best", "final")
-IGNORED_CONFIG_KEYS = ("seed", "runtime")  # may differ between the seeds of one row
+# May differ between the seeds of one row: how a run ran, not what it computed.
+IGNORED_CONFIG_KEYS = ("seed", "runtime", "resume", "overwrite", "logger")
 
 
 def fail(message: str) -> SystemExit:
@@ -162,10 +165,16 @@ def first_value(record: dict, keys: Sequence[str]) -> float | None:
 
 @dataclass
 class Row:
-    """One algorithm on one dataset/model: its runs (one per seed)."""
+    """One configuration of an algorithm on one dataset/model: its runs (one per seed)."""
 
     algorithm: str
     runs: list[Run] = field(default_factory=list)
+    # Set where the algorithm has runs of several configurations: the keys that tell this one apart.
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.label or self.algorithm
 
 
 def group_levels(rows: dict[str, Row]) -> list[Level]:
@@ -254,15 +263,52 @@ def load_run(run_dir: Path) -> Run:
 
 
 def collect_runs(paths: Iterable[str | Path]) -> list[Run]:
-    return [load_run(run_dir) for run_dir in find_run_dirs(paths)]
+    """Every readable run at or below ``paths``; a malformed run directory is named and skipped."""
+    runs, errors = [], []
+    for run_dir in find_run_dirs(paths):
+        try:
+            runs.append(load_run(run_dir))
+        except SystemExit as exc:
+            errors.append(str(exc.code).removeprefix("hfl-report: "))
+    if not runs:
+        raise fail("no readable runs: " + "; ".join(errors))
+    for error in errors:
+        warn(f"{error}; skipped")
+    return runs
+
+
+def config_signature(run: Run) -> str:
+    """What a run computed, as far as its config says: every key but the seed and how it ran."""
+    if run.config is None:
+        return ""
+    flat = {k: v for k, v in _flatten(run.config).items() if k.split(".")[0] not in IGNORED_CONFIG_KEYS}
+    return json.dumps(flat, sort_keys=True, default=str)
 
 
 def group_runs(runs: Iterable[Run]) -> dict[tuple[str, str], dict[str, Row]]:
-    """{(dataset, model): {algorithm: Row}}, both levels sorted by name."""
-    groups: dict[tuple[str, str], dict[str, Row]] = {}
+    """{(dataset, model): {row name: Row}}, both levels sorted by name. A row holds the runs of one
+    algorithm whose configs agree but for the seed (and how they ran); an algorithm with runs of
+    several configs gets a row per config, named by the keys that tell them apart."""
+    found: dict[tuple[str, str], dict[str, dict[str, list[Run]]]] = {}
     for run in runs:
-        groups.setdefault((run.dataset, run.model), {}).setdefault(run.algorithm, Row(run.algorithm)).runs.append(run)
-    return {key: dict(sorted(rows.items())) for key, rows in sorted(groups.items())}
+        found.setdefault((run.dataset, run.model), {}).setdefault(run.algorithm, {}) \
+            .setdefault(config_signature(run), []).append(run)
+    groups: dict[tuple[str, str], dict[str, Row]] = {}
+    for key, algorithms in sorted(found.items()):
+        rows: dict[str, Row] = {}
+        for algorithm, configs in algorithms.items():
+            if len(configs) == 1:
+                rows[algorithm] = Row(algorithm, next(iter(configs.values())))
+                continue
+            differing = config_differences([run for runs_ in configs.values() for run in runs_])
+            for runs_ in configs.values():
+                flat = _flatten(runs_[0].config) if runs_[0].config is not None else None
+                shown = ", ".join(f"{k}={json.dumps(flat.get(k), default=str)}" for k in differing[:4]) \
+                    if flat is not None else "no config"
+                label = f"{algorithm} ({shown}{', ...' if flat is not None and len(differing) > 4 else ''})"
+                rows[label] = Row(algorithm, runs_, label)
+        groups[key] = dict(sorted(rows.items()))
+    return groups
 
 
 # ---------------------------------------------------------------- checks
@@ -294,18 +340,23 @@ def check_groups(groups: dict[tuple[str, str], dict[str, Row]]) -> list[str]:
     for (dataset, model), rows in groups.items():
         rounds = {run.rounds for row in rows.values() for run in row.runs}
         if len(rounds) > 1:
-            detail = "; ".join(f"{row.algorithm}: {_rounds_text(row)}" for row in rows.values())
+            detail = "; ".join(f"{row.name}: {_rounds_text(row)}" for row in rows.values())
             warnings.append(f"{dataset}/{model}: runs disagree on rounds ({detail})")
         for row in rows.values():
             seeds = [run.seed for run in row.runs if run.seed is not None]
             repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
             if repeated:
-                warnings.append(f"{dataset}/{model} {row.algorithm}: seed(s) {repeated} appear more than once: "
+                warnings.append(f"{dataset}/{model} {row.name}: seed(s) {repeated} appear more than once: "
                                 + ", ".join(str(run.path) for run in row.runs if run.seed in repeated))
-            differing = config_differences(row.runs)
-            if differing:
+        configs = {}
+        for row in rows.values():
+            configs.setdefault(row.algorithm, []).append(row)
+        for algorithm, split in configs.items():
+            if len(split) > 1:
+                differing = config_differences([run for row in split for run in row.runs])
                 shown = ", ".join(differing[:8]) + (", ..." if len(differing) > 8 else "")
-                warnings.append(f"{dataset}/{model} {row.algorithm}: runs differ in more than the seed ({shown})")
+                warnings.append(f"{dataset}/{model} {algorithm}: runs of {len(split)} configurations, reported "
+                                f"apart ({shown or 'one without a config'})")
     return warnings
 
 
@@ -440,7 +491,7 @@ def group_table(rows: dict[str, Row], paper: dict[str, dict[str, float | None]] 
         stats += [row_stat(row, CLIENT_MEAN, k) for k in KINDS] if client_mean else []
         stats += [level_final_stat(row, lv) for lv in inner]
         stats += [percent_stat(final_value(run, ("pflego_accuracy",)) for run in row.runs)] if pflego else []
-        cells = [row.algorithm] + [format_stat(stat, len(row.runs)) for stat in stats]
+        cells = [row.name] + [format_stat(stat, len(row.runs)) for stat in stats]
         if paper is not None:
             ours = paper.get(row.algorithm, {})
             cells += [DASH if ours.get(m) is None else f"{ours[m]:.2f}" for m in paper_keys]

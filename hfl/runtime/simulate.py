@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hfl.accel import batched
 
-from hfl.output import console, tracking
+from hfl.output import console, run_report, tracking
 
 from hfl.config import schema
 from hfl.runtime.apps import (
@@ -38,6 +38,7 @@ from hfl.runtime.build import build_team_node, check_tree, federation_for, initi
 from hfl.runtime.polling import simulation_polling
 from hfl.output.recorder import Recorder
 from hfl.output.report import load_run
+from hfl.state.lock import RunLock
 from hfl.state.resume import Checkpoint, prepare, state_dir
 
 log = logging.getLogger("hfl")
@@ -181,7 +182,13 @@ def run(cfg: Mapping, run_dir: str | Path) -> dict:
     fed = federation_for(cfg)
     check_tree(cfg, fed.tree)
     initial_model(cfg, fed)  # the model must fit the data (and the algorithm) before any process starts
-    start = prepare(cfg, run_dir)  # refuses a resumption of another config; rolls the state store back
+    with RunLock(run_dir):  # one run at a time in a run directory (hfl.state.lock)
+        return _run_locked(cfg, run_dir, fed, tracker, tracked)
+
+
+def _run_locked(cfg: dict, run_dir: Path, fed, tracker, tracked: dict) -> dict:  # noqa: ANN001
+    """``run`` once the run directory is this process's."""
+    start = prepare(cfg, run_dir)  # refuses a resumption of another config, or a fresh run over a run; rolls back
     rounds = int(cfg["global_rounds"])
     if start is not None and start.round >= rounds:
         log.info("hfl: the run in %s is complete (%d of %d global rounds); nothing to resume",
@@ -223,6 +230,8 @@ def finished_summary(cfg: Mapping, run_dir: Path, done: Checkpoint, tracker: tra
     path = run_dir / "summary.json"
     summary = json.loads(path.read_text()) if path.exists() else {}
     if summary.get("rounds") == cfg["global_rounds"]:
+        if not all((run_dir / name).exists() for name in ("report.md", "accuracy.png", "loss.png")):
+            run_report.write_run_report(run_dir)  # killed after the summary, before its plots
         return summary
     started = tracking.begin(tracker, tracked or cfg, done.recorder["lines"])
     recorder = Recorder(run_dir, run_meta(cfg), int(cfg["global_rounds"]), restore={**done.recorder, "round": done.round},

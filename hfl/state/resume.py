@@ -42,7 +42,7 @@ CONFIG = Path("checkpoints") / "config.json"
 # The run's folder under runtime.state_dir (absent when the run keeps its state in <run dir>/state).
 STATE_KEY = Path("checkpoints") / "state_key"
 # Keys that say how a run runs, not what it computes: they may differ when it is resumed.
-FREE_KEYS = ("resume", "hydra", "runtime.verbose", "runtime.torch_threads", "runtime.ray_tmp_dir",
+FREE_KEYS = ("resume", "overwrite", "hydra", "runtime.verbose", "runtime.torch_threads", "runtime.ray_tmp_dir",
              "runtime.ray_address", "runtime.num_cpus_per_team", "runtime.state_dir", "runtime.num_gpus_per_team",
              "runtime.poll_interval", "runtime.batched_threads",  # groups share nothing (tests/test_batched.py)
              "dataset.lazy", "dataset.cache_mb")  # lazy devices are bit-identical to eager ones (tests/test_scale.py)
@@ -146,6 +146,12 @@ def prepare(cfg: Mapping, run_dir: str | os.PathLike) -> Checkpoint | None:
     it completed a round)."""
     run_dir = Path(run_dir)
     if not cfg.get("resume", False):
+        if (run_dir / CONFIG).exists() and not cfg.get("overwrite", False):
+            done = read_checkpoint(run_dir)
+            rounds = f"{done.round} of {cfg.get('global_rounds')} global rounds done" if done else "no round done"
+            raise ConfigError("overwrite", f"{run_dir} holds a run ({rounds}); go on with it with resume=true "
+                                           "(and its overrides), or start over there with overwrite=true, which "
+                                           "deletes its state, checkpoints and metrics")
         _new_state_key(cfg, run_dir)
         StateStore(state_dir(cfg, run_dir)).clear()
         (run_dir / CHECKPOINT).unlink(missing_ok=True)
