@@ -170,13 +170,8 @@ class BHFLServer(ServerRule):
 
     node_state = True
 
-    @classmethod
-    def check_config(cls, alg: Mapping[str, Any]) -> None:
-        check_config(alg)
-
-    @classmethod
-    def check_federation(cls, cfg: Mapping[str, Any], fed) -> None:  # noqa: ANN001 - hfl.data.Federation
-        check_federation(cfg, fed)
+    check_config = staticmethod(check_config)  # the module's checks, above
+    check_federation = staticmethod(check_federation)
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
