@@ -145,9 +145,6 @@ class NodeClient(NumPyClient):
     def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
         return {"path": self.spec.path, "level": self.spec.level}
 
-    def own_model(self) -> NDArrays | None:
-        return model_from_state(self.store.load(self.spec.store_key))
-
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         start = time.perf_counter()
         spec = self.spec
@@ -214,7 +211,9 @@ class NodeClient(NumPyClient):
         models = {"gm": received.main} if received.kind == "model" else dict(received.parts)
         if not self.global_model and self.pm_base != "gm":
             models.pop("gm", None)
-        own = self.own_model() if self.level_models else None
+        # The node's stored state, read once: its model (level_models) and its devices' PM context.
+        state = self.store.load(self.spec.store_key) if self.level_models or self.spec.lowest else None
+        own = model_from_state(state) if self.level_models else None
         if own is None and self.level_models:
             # Never called yet (sampled out above): its first call would start from its parent's model.
             own = models.get(f"level{self.spec.level - 1}") if self.spec.level > 1 else models.get("gm")
@@ -222,7 +221,7 @@ class NodeClient(NumPyClient):
             models[f"level{self.spec.level}"] = own
         metrics: dict[str, Scalar] = {"node": self.spec.path, f"bytes_down_level{self.spec.level}": 0}
         if self.spec.lowest:
-            reports = [self._evaluate_devices(models, metrics)]
+            reports = [self._evaluate_devices(models, metrics, state)]
         else:
             reports = self._evaluate_nodes(models, metrics)
         metrics.update(add_reports(reports))
@@ -232,12 +231,13 @@ class NodeClient(NumPyClient):
             metrics["bytes_down_team"] = sum(v for k, v in metrics.items() if k.startswith("bytes_down_level"))
         return evaluation_result(metrics, self.global_model)
 
-    def _evaluate_devices(self, models: dict[str, NDArrays], metrics: dict[str, Scalar]) -> dict[str, Scalar]:
+    def _evaluate_devices(self, models: dict[str, NDArrays], metrics: dict[str, Scalar],
+                          state: dict[str, np.ndarray] | None) -> dict[str, Scalar]:
         """Each target model on every device's test split; the devices' own models for PM."""
         targets = {k: v for k, v in models.items() if not k.startswith(CONTEXT)}
         context = {k: v for k, v in models.items() if k.startswith(CONTEXT)}
         if self.evaluation_context is not None:
-            context.update(self.evaluation_context(self.store.load(self.spec.store_key)))
+            context.update(self.evaluation_context(state))
         if not self.global_model:
             targets.pop("gm", None)  # forwarded only as the base of the devices' PMs
         config: dict[str, dict[str, Scalar]] = {}

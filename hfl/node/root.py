@@ -24,15 +24,16 @@ from flwr.server.strategy import Strategy
 
 from hfl.algorithm import Replies, ServerRule, model_state
 from hfl.errors import first_failure
+from hfl.node.client import node_key
 from hfl.node.evaluation import pool_evaluations
 from hfl.node.faults import Dropout
 from hfl.node.payload import payload_nbytes
-from hfl.tree.sampling import DeviceDraw
 from hfl.node.strategy import accept_results, node_order, usable_needed
 from hfl.state.store import StateStore
+from hfl.tree.sampling import DeviceDraw
 
 log = logging.getLogger(__name__)
-ROOT_KEY = "node-root"
+ROOT_KEY = node_key("")  # "node-root": the store key of the node at path ""
 
 
 class RootStrategy(Strategy):
