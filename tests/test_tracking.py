@@ -20,11 +20,11 @@ from omegaconf import OmegaConf
 
 from hfl.config import schema
 from hfl.errors import ConfigError
-from hfl.output import recorder as recorder_module
 from hfl.output import tracking
 from hfl.runtime.apps import CONF_DIR
 from hfl.runtime.simulate import run
 from tests.conftest import SMALL, compose_cfg
+from tests.test_resume import Killed, _killed_at
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [*SMALL, "runtime=inprocess", "global_rounds=2"]
@@ -187,27 +187,11 @@ def test_a_tracker_failing_mid_run_warns_once_and_leaves_the_run_alone(tmp_path,
     assert strip(metrics_rows(tmp_path / "tracked")) == strip(metrics_rows(tmp_path / "plain"))
 
 
-class Killed(BaseException):
-    """Stands for SIGKILL: nothing catches it."""
-
-
-def killed_before_checkpoint(patch: pytest.MonkeyPatch, rnd: int) -> None:
-    """Round ``rnd``'s row is written and tracked, its checkpoint is not: the run dies."""
-    original = recorder_module.write_checkpoint
-
-    def write_checkpoint(run_dir, checkpoint):  # noqa: ANN001, ANN202
-        if checkpoint.round == rnd:
-            raise Killed
-        original(run_dir, checkpoint)
-
-    patch.setattr(recorder_module, "write_checkpoint", write_checkpoint)
-
-
 def test_a_resumed_run_goes_on_in_the_same_tensorboard_folder_each_round_once(tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
     cfg = compose_cfg(*TINY, "global_rounds=3", "logger=tensorboard")
     with monkeypatch.context() as patch:
-        killed_before_checkpoint(patch, 2)
+        _killed_at(patch, "checkpoint", 2)
         with pytest.raises(Killed):
             run(cfg, tmp_path)
     assert [step for step, _ in scalars(read_events(tmp_path / "tensorboard"), "pm_accuracy")] == [1, 2]
@@ -287,7 +271,7 @@ def test_a_resumed_run_goes_on_in_the_same_mlflow_run(tmp_path, monkeypatch, mlf
     cfg = compose_cfg(*TINY, "global_rounds=3", "logger=mlflow", f"logger.tracking_uri={mlflow_db}",
                       "logger.experiment_name=resume")
     with monkeypatch.context() as patch:
-        killed_before_checkpoint(patch, 2)
+        _killed_at(patch, "checkpoint", 2)
         with pytest.raises(Killed):
             run(cfg, tmp_path)
     client = MlflowClient(tracking_uri=mlflow_db)

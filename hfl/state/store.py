@@ -147,7 +147,7 @@ class StateStore:
             # older previous version is dropped). Killed between the steps, the key has its
             # newest version as the current or the previous one, which rollback() restores.
             # The older one is removed first, not renamed over: ext4 flushes a file renamed over
-            # another to disk then (auto_da_alloc), ~0.25 ms a save here (measured in the 17th session; git log).
+            # another to disk then (auto_da_alloc), ~0.25 ms a save on this machine's ext4.
             (self.root / PREVIOUS).mkdir(exist_ok=True)
             previous = self._previous(key)
             previous.unlink(missing_ok=True)
