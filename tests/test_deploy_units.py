@@ -1,17 +1,16 @@
-"""The deployment pieces without processes: job files, the team run's bookkeeping, the
-device wrapper, role command lines, certificates."""
+"""The deployment pieces without processes: the mailbox between a bridge and its node server,
+the device wrapper, role command lines, certificates (the Grid exchange: tests/test_deploy_grid.py)."""
 
 from __future__ import annotations
 
-import json
-from types import SimpleNamespace
+import threading
+import time
 
 import numpy as np
 import pytest
 import torch
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
 from hfl.config.checks import load_module
 from hfl.deploy import roles
@@ -22,96 +21,81 @@ from hfl.deploy.device import (
     export_device_data,
     load_device_data,
 )
-from hfl.deploy.jobs import TeamJob, load_arrays, save_arrays
-from hfl.deploy.team_run import (
-    TeamFitRun,
-    evaluation_counts,
-    team_job_result,
-    usable_replies,
-)
-from hfl.deploy.wiring import check_role
+from hfl.deploy.bridge import NodeBridge
+from hfl.deploy.mailbox import Letter, Mailbox, request_name
+from hfl.deploy.wiring import check_role, node_path
 from hfl.errors import ConfigError
 from hfl.models import build_model
 from hfl.runtime.build import device_runtime, federation_for, initial_model
 from hfl.runtime.simulate import run
 from hfl.state.store import StateStore
 from hfl.device.training import LocalTrainer
-from strategies.permfl import PerMFLServer
-from tests.conftest import node_strategy
 
 
-def job(tmp_path, **kw) -> TeamJob:
-    base = {"action": "fit", "team_id": 0, "global_round": 1, "parent": str(tmp_path / "p.npz"),
-            "result": str(tmp_path / "result.json"), "device_ids": [3, 5], "num_devices": 2,
-            "device_wait_seconds": 1.0}
-    return TeamJob(**{**base, **kw})
+def test_request_names_follow_the_message_not_its_delivery() -> None:
+    config = {"global_round": 3, "payload": "model"}
+    assert request_name("fit", config) == request_name("fit", dict(reversed(config.items())))
+    assert request_name("fit", config) != request_name("fit", {**config, "global_round": 4})
+    assert request_name("fit", config) != request_name("evaluate", config)
+    with pytest.raises(ValueError, match="unknown request action 'train'"):
+        request_name("train", config)
 
 
-def reply(device_id: int, arrays, n: int = 10) -> tuple:
-    res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, {"device_id": device_id})
-    return SimpleNamespace(cid=f"node{device_id}"), res
+def test_mailbox_round_trip_and_pending(tmp_path) -> None:
+    box = Mailbox(tmp_path / "box")
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(4, dtype=np.float64)]
+    box.post("fit-a", Letter("fit", arrays, {"global_round": 1}))
+    box.post("evaluate-b", Letter("evaluate", [], {"global_round": 1}))
+    assert box.pending() == ["fit-a", "evaluate-b"]
+    got = box.request("fit-a")
+    assert got.action == "fit" and got.config == {"global_round": 1}
+    assert all(np.array_equal(x, y) and x.dtype == y.dtype for x, y in zip(arrays, got.arrays, strict=True))
+    assert box.reply("fit-a") is None
+    box.answer("fit-a", Letter("fit", arrays[:1], {"node": "0"}, number=7))
+    assert box.pending() == ["evaluate-b"]
+    reply = box.reply("fit-a")
+    assert reply.number == 7 and reply.config == {"node": "0"} and not reply.error
+    assert not box.server_alive()
+    box.beat()
+    assert box.server_alive()
 
 
-def test_job_round_trip_and_bad_jobs(tmp_path) -> None:
-    j = job(tmp_path)
-    j.save(tmp_path / "job.json")
-    assert TeamJob.load(tmp_path / "job.json") == j
-    with pytest.raises(ValueError, match="action"):
-        job(tmp_path, action="train")
-    with pytest.raises(ValueError, match="2 device ids for 3 devices"):
-        job(tmp_path, num_devices=3)
-    (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(ValueError, match="unreadable"):
-        TeamJob.load(tmp_path / "bad.json")
+def serve_once(box: Mailbox, answer) -> threading.Thread:  # noqa: ANN001
+    """A stand-in node server: beats, answers the first request with ``answer(letter)``."""
+
+    def serve() -> None:
+        box.beat()
+        while not box.pending():
+            time.sleep(0.01)
+        name = box.pending()[0]
+        box.answer(name, answer(box.request(name)))
+
+    return threading.Thread(target=serve, daemon=True)
 
 
-def test_usable_replies_drop_foreign_and_repeated_devices(tmp_path) -> None:
-    a = [np.zeros(2, dtype=np.float32)]
-    kept, missing = usable_replies([reply(3, a), reply(9, a), reply(3, a)], job(tmp_path))
-    assert [r.metrics["device_id"] for _, r in kept] == [3]
-    assert missing == 1  # device 5 never answered; 9 is not in the team; 3's second reply does not count
+def test_bridge_starts_a_node_server_once_and_a_repeated_message_is_not_computed_twice(tmp_path) -> None:
+    box = Mailbox(tmp_path / "box")
+    starts = []
+
+    def start() -> None:
+        starts.append(1)
+        serve_once(box, lambda letter: Letter("fit", [a * 2 for a in letter.arrays], {"node": "0"}, number=5)).start()
+
+    bridge = NodeBridge("0", box, start, timeout=30)
+    sent = [np.ones(3)]
+    arrays, n, metrics = bridge.fit(sent, {"global_round": 1})
+    assert np.array_equal(arrays[0], 2 * np.ones(3)) and n == 5 and metrics == {"node": "0"} and starts == [1]
+    again, _, _ = bridge.fit(sent, {"global_round": 1})  # delivered again after a restart: the stored answer
+    assert np.array_equal(again[0], arrays[0]) and starts == [1]
+    assert bridge.get_properties({}) == {"path": "0", "level": 1}
 
 
-def test_fit_run_counts_missing_devices_against_min_fraction(tmp_path) -> None:
-    alg = {"alpha": 0.1, "local_steps": 1, "eta": 0.5, "lam": 1.0, "gamma": 1.0, "weighted": False}
-    parent = [np.ones(2, dtype=np.float32)]
-    # min_fit_fraction 1: one of two devices missing stops the run, loudly
-    full = TeamFitRun(node_strategy(PerMFLServer, parent, {**alg, "min_fit_fraction": 1.0}), job(tmp_path), rounds=1)
-    full.inner.current = parent
-    with pytest.raises(RuntimeError, match="1 of 2 devices missing"):
-        full.aggregate_fit(1, [reply(3, [np.full(2, 3.0, dtype=np.float32)])], [])
-    # min_fit_fraction 0.5: the round goes on with the device that answered, result written
-    half = TeamFitRun(node_strategy(PerMFLServer, parent, {**alg, "min_fit_fraction": 0.5}), job(tmp_path), rounds=1)
-    half.inner.current = parent
-    params, _ = half.aggregate_fit(1, [reply(3, [np.full(2, 3.0, dtype=np.float32)])], [])
-    # team_update: (1 - .5 - .5) w + .5 x + .5 theta_bar = .5 * 1 + .5 * 3 = 2
-    np.testing.assert_allclose(load_arrays(half.job.model_path)[0], 2.0)
-    result = team_job_result(half.job)
-    assert result["rounds"] == [{"rejected": 0, "failures": 1, "aggregated": 1, "missing": 1}]
-    assert result["num_examples"] == 10
-    assert params is not None
-
-
-def test_team_job_result_requires_the_file_and_an_aggregating_round(tmp_path) -> None:
-    j = job(tmp_path)
-    with pytest.raises(RuntimeError, match="wrote no result"):
-        team_job_result(j)
-    (tmp_path / "result.json").write_text(json.dumps({"rounds": [{"aggregated": 0}]}))
-    with pytest.raises(RuntimeError, match="aggregated no device"):
-        team_job_result(j)
-
-
-def test_evaluation_counts_pool_per_target() -> None:
-    def res(d: int, n: int, **m: float) -> SimpleNamespace:
-        return SimpleNamespace(num_examples=n, metrics={"device_id": d, **m})
-
-    replies = [res(5, 4, gm_correct=1, gm_loss=2.0), res(3, 6, gm_correct=3, gm_loss=1.0),
-               res(7, 9, gm_correct=9, gm_loss=0.0), res(3, 6, gm_correct=0, gm_loss=9.0)]
-    metrics, answered = evaluation_counts(["gm"], replies, [3, 5])
-    assert answered == 2  # device 7 is foreign, 3's second reply ignored
-    assert metrics["gm_correct"] == 4 and metrics["gm_n"] == 10
-    assert metrics["gm_loss_sum"] == pytest.approx(2.0 * 4 + 1.0 * 6)
-    assert json.loads(metrics["gm_devices"]) == [[3, 3, 6], [5, 1, 4]]
+def test_bridge_raises_the_node_servers_error(tmp_path) -> None:
+    box = Mailbox(tmp_path / "box")
+    bridge = NodeBridge("0.1", box, lambda: serve_once(box, lambda letter: Letter(
+        "evaluate", [], {}, error="RuntimeError: no device evaluated the GM model")).start(), timeout=30)
+    with pytest.raises(RuntimeError, match=r"node 0\.1: RuntimeError: no device evaluated"):
+        bridge.evaluate([], {"global_round": 2})
 
 
 @pytest.fixture
@@ -124,21 +108,17 @@ def device(small_cfg, tmp_path):
     return cfg, fed, DeployedDevice(client, store), store
 
 
-def test_device_saves_state_and_answers_all_targets_in_one_reply(device) -> None:
+def test_device_says_who_it_is_and_saves_its_state_after_a_fit(device) -> None:
     cfg, fed, node, store = device
     gm = initial_model(cfg, fed)
-    config = {"alpha": 0.05, "local_steps": 3, "prox_coefficient": 0.5}
-    team, _, _ = node.fit(gm, config)
+    assert node.get_properties({}) == {"device_id": 0}
+    assert store.load("device-0") is None
+    node.fit(gm, {"alpha": 0.05, "local_steps": 3, "prox_coefficient": 0.5})
     saved = store.load("device-0")
     assert saved is not None and int(saved["num_personal"]) == len(gm)
-    loss, n, metrics = node.evaluate([*gm, *team], {"targets": "gm,team,pm", "split": len(gm)})
-    for target, arrays, model in (("gm", gm, "global"), ("team", team, "team"), ("pm", [], "personal")):
-        alone_loss, alone_n, alone = node.inner.evaluate(arrays, {"model": model})
-        assert metrics[f"{target}_loss"] == pytest.approx(alone_loss)
-        assert metrics[f"{target}_correct"] == alone["correct"] and alone_n == n
-    assert loss == pytest.approx(metrics["gm_loss"])
-    with pytest.raises(ValueError, match="unknown evaluation target"):
-        node.evaluate(gm, {"targets": "gm,best", "split": len(gm)})
+    loss, n, metrics = node.evaluate([], {"model": "personal"})
+    alone_loss, alone_n, alone = node.inner.evaluate([], {"model": "personal"})
+    assert (loss, n, metrics) == (alone_loss, alone_n, alone)
 
 
 def test_device_data_file_round_trip_and_errors(small_cfg, tmp_path) -> None:
@@ -154,26 +134,31 @@ def test_device_data_file_round_trip_and_errors(small_cfg, tmp_path) -> None:
 
 
 def test_roles_must_match_their_superlink() -> None:
+    check_role("global", "node")
     check_role("global", "team")
-    check_role("global", None)  # simulation's team nodes
-    check_role("team", "device")
+    check_role("global", None)  # simulation's level-1 nodes
+    check_role("node", "device")
+    check_role("node", "node")
     with pytest.raises(ValueError, match="connected to the global SuperLink"):
         check_role("global", "device")
-    with pytest.raises(ValueError, match="connected to a team SuperLink"):
-        check_role("team", "team")
+    with pytest.raises(ValueError, match="unknown SuperNode role 'edge'"):
+        check_role("node", "edge")
+    assert node_path({"path": "0.1"}) == "0.1" and node_path({"team-id": 2}) == "2"
+    with pytest.raises(ValueError, match="needs path"):
+        node_path({"role": "node"})
 
 
 def test_role_commands(tmp_path) -> None:
     paths = make_tls(tmp_path, ["edge-1"])
     tls = roles.ServerTls.from_dir(tmp_path)
-    link, bridge = roles.team_role(1, "cloud:9092", "/w", tls=tls, global_ca="/g/ca.crt", num_devices=4)
+    link, bridge = roles.node_role("1.0", "region:9192", "/w", tls=tls, parent_ca="/g/ca.crt")
     assert link[:1] == ["flower-superlink"] and "--insecure" not in link
     assert link[link.index("--ssl-certfile") + 1] == str(paths["cert"])
-    assert bridge[bridge.index("--superlink") + 1] == "cloud:9092"
+    assert bridge[bridge.index("--superlink") + 1] == "region:9192"
     assert bridge[bridge.index("--root-certificates") + 1] == "/g/ca.crt"
     assert bridge[bridge.index("--node-config") + 1] == (
-        f'role="team" team-id=1 team-superlink="127.0.0.1:9192" team-root-certificates="{paths["ca"]}" '
-        'work-dir="/w" num-devices=4'
+        f'role="node" path="1.0" node-superlink="127.0.0.1:9192" node-root-certificates="{paths["ca"]}" '
+        'work-dir="/w"'
     )
     (device,) = roles.device_role(7, "edge-1:9192", node_port=9300, state_dir="/s")
     assert "--insecure" in device and device[device.index("--port") + 1] == "9300"
@@ -198,13 +183,6 @@ def test_certificates_and_node_keys(tmp_path) -> None:
 def test_hfl_simulate_refuses_the_deployment_runtime(small_cfg, tmp_path) -> None:
     with pytest.raises(ConfigError, match="hfl-deploy submit"):
         run(small_cfg("runtime=deployment"), tmp_path)
-
-
-def test_arrays_files_round_trip(tmp_path) -> None:
-    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(4, dtype=np.float64)]
-    save_arrays(tmp_path / "m.npz", arrays)
-    back = load_arrays(tmp_path / "m.npz")
-    assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(arrays, back, strict=True))
 
 
 def test_device_from_a_data_file_equals_its_partition(small_cfg, tmp_path) -> None:

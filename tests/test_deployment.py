@@ -22,6 +22,7 @@ from hfl.deploy.loopback import Deployment, free_ports, wait_port
 from hfl.deploy.roles import ServerTls
 from hfl.runtime.build import federation_for
 from hfl.runtime.simulate import run
+from hfl.tree.shape import from_teams
 
 pytestmark = pytest.mark.deployment
 
@@ -38,8 +39,7 @@ BASE = [
 
 def deployed(tmp_path: Path, overrides: list[str], tls: ServerTls | None = None, during=None) -> tuple[Path, Deployment]:
     """Run the experiment on a fresh deployment; return its output directory."""
-    teams = [list(t) for t in federation_for(compose_cfg(*overrides)).teams]
-    dep = Deployment(tmp_path / "deploy", teams, tls)
+    dep = Deployment(tmp_path / "deploy", federation_for(compose_cfg(*overrides)).tree, tls)
     dep.root.mkdir(parents=True)
     out = tmp_path / "out"
     try:
@@ -94,34 +94,38 @@ def test_tls_deployment_matches_simulation(tmp_path: Path) -> None:
     assert_same_run(run_dir, simulated(tmp_path, overrides))
 
 
-def _wait_for(path: Path, timeout: float) -> None:
+def answered(work: Path, action: str) -> dict[int, dict]:
+    """A node server's answers (hfl.deploy.mailbox) by global round: the metrics it replied."""
+    out = {}
+    for reply in (work / "replies").glob(f"{action}-*.json"):
+        request = json.loads((work / "requests" / reply.name).read_text())
+        out[int(request["config"]["global_round"])] = json.loads(reply.read_text())
+    return out
+
+
+def _wait_until(check, timeout: float) -> None:  # noqa: ANN001
     deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} did not appear in {timeout} s"
+    while not check():
+        assert time.monotonic() < deadline, f"not reached in {timeout} s"
         time.sleep(0.5)
 
 
 def test_killed_device_is_counted_and_rejoins(tmp_path: Path) -> None:
     overrides = [*BASE, "global_rounds=3", "eval_every=3", "algorithm.team_rounds=1", "algorithm.min_fit_fraction=0.5"]
-    victim_team, victim = 0, None
+    victim = 0  # of node 0
 
     def kill_then_restart(dep: Deployment, out: Path):
-        nonlocal victim
         cmd = [sys.executable, "-m", "hfl.deploy.cli", "submit", "--superlink", dep.global_address,
                "--output-dir", str(out), *overrides, "runtime=deployment", "runtime.device_wait_seconds=20",
                "runtime.team_round_timeout=45"]
         submit = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        work = next((dep.root / f"team{victim_team}-work").glob("run-*"), None)
-        deadline = time.monotonic() + 300
-        while work is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.5)
-            work = next((dep.root / f"team{victim_team}-work").glob("run-*"), None)
-        victim = dep.teams[victim_team][0]
-        _wait_for(work / "round-00001-fit" / "result.json", 300)
+        work = dep.root / "node-0-work"
+        _wait_until(lambda: any(work.glob("run-*")), 300)
+        (run,) = work.glob("run-*")
+        _wait_until(lambda: 1 in answered(run, "fit"), 300)
         dep.kill(f"device{victim}")          # dies between global rounds 1 and 2
-        _wait_for(work / "round-00002-fit" / "result.json", 300)
-        dep.start_device(victim_team, victim)  # comes back before round 3
+        _wait_until(lambda: 2 in answered(run, "fit"), 300)
+        dep.start_device(victim)             # comes back before round 3
         stdout, stderr = submit.communicate(timeout=600)
         return subprocess.CompletedProcess(cmd, submit.returncode, stdout, stderr)
 
@@ -129,13 +133,11 @@ def test_killed_device_is_counted_and_rejoins(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds"] == 3
     assert summary["failures"] >= 1
-    work = next((dep.root / f"team{victim_team}-work").glob("run-*"))
-    rounds = {r: json.loads((work / f"round-{r:05d}-fit" / "result.json").read_text())["rounds"][0] for r in (1, 2, 3)}
-    assert rounds[1]["missing"] == 0 and rounds[1]["aggregated"] == 2
-    assert rounds[2]["missing"] == 1 and rounds[2]["aggregated"] == 1
-    assert rounds[3]["missing"] == 0 and rounds[3]["aggregated"] == 2, "the restarted device did not rejoin"
-    evaluation = json.loads((work / "round-00003-evaluate" / "result.json").read_text())
-    devices = [d for d, _, _ in json.loads(evaluation["metrics"]["pm_devices"])]
+    (work,) = (dep.root / "node-0-work").glob("run-*")
+    fits = {r: reply["config"] for r, reply in answered(work, "fit").items()}
+    assert [fits[r]["failures_level2"] for r in (1, 2, 3)] == [0, 1, 0], "the restarted device did not rejoin"
+    evaluation = answered(work, "evaluate")[3]["config"]
+    devices = [d for d, _, _ in json.loads(evaluation["pm_devices"])]
     assert victim in devices  # its personalized model survived the crash on its host
 
 
@@ -147,7 +149,7 @@ def test_supernode_auth_admits_only_registered_nodes(tmp_path: Path) -> None:
     link_port, good_port, bad_port = free_ports(3)
     good, good_pub = make_node_key(tmp_path / "keys", "good")
     bad, _ = make_node_key(tmp_path / "keys", "bad")
-    dep = Deployment(tmp_path, [])
+    dep = Deployment(tmp_path, from_teams([[0]]))
     try:
         (link,) = roles.global_role("127.0.0.1", link_port, tls, supernode_auth=True)
         dep.start_process("link", link)
@@ -155,7 +157,7 @@ def test_supernode_auth_admits_only_registered_nodes(tmp_path: Path) -> None:
         control = ControlClient(f"127.0.0.1:{link_port}", str(tls.ca), tmp_path / "home", Path("."))
         control.register_supernode(good_pub)
         for name, key, port in (("good", good, good_port), ("bad", bad, bad_port)):
-            (cmd,) = roles.device_role(0, f"127.0.0.1:{link_port}", node_port=port, team_ca=tls.ca, auth_key=key)
+            (cmd,) = roles.device_role(0, f"127.0.0.1:{link_port}", node_port=port, node_ca=tls.ca, auth_key=key)
             dep.start_process(name, cmd)
         deadline = time.monotonic() + 60
         while dep.procs["bad"].poll() is None:

@@ -160,12 +160,6 @@ def validate(cfg: Mapping) -> None:
     runtime = cfg.get("runtime", {})
     if runtime.get("name") not in RUNTIMES:
         raise ConfigError("runtime.name", f"unknown runtime {runtime.get('name')!r}; known: {', '.join(RUNTIMES)}")
-    if runtime.get("name") == "deployment" and alg.get("sampling", "children") == "devices":
-        raise ConfigError("algorithm.sampling", "'devices' needs the root to address level-1 nodes by path, which "
-                                                "the deployment's team SuperLinks do not offer yet; run it in simulation")
-    if runtime.get("name") == "deployment" and load_server(alg).node_state:
-        raise ConfigError("algorithm.name", f"{alg.get('name')!r} keeps node state across calls, which the "
-                                            "deployment's team runs do not carry yet; run it in simulation")
     _number(cfg, "runtime.torch_threads", minimum=1, integer=True)
     if "batched_threads" in runtime:  # simulation and inprocess (a deployment never batches)
         _number(cfg, "runtime.batched_threads", minimum=1, integer=True)

@@ -1,98 +1,115 @@
-"""The team bridge: on an edge host, a SuperNode of the global SuperLink whose ClientApp
-answers each global message by running a team run on the host's own team SuperLink.
+"""A node host's bridge: a SuperNode of the parent's SuperLink whose ClientApp hands each of the
+parent's messages to the node server on the same host (``hfl.deploy.node_server``) and returns
+its answer.
+
+Flower starts a ClientApp process per message, so the bridge keeps nothing in memory: the node
+server is one run on the host's own SuperLink for the whole experiment, started by the first
+bridge that finds none alive (and again if it dies), and the two exchange files
+(``hfl.deploy.mailbox``) polled every 10 ms.
 
 Node config (``flower-supernode --node-config``):
-  role="team"  team-id=N                  which team of the topology this host serves
-  team-superlink="127.0.0.1:9192"         the local team SuperLink (its Control API)
-  team-root-certificates="/tls/ca.crt"    its CA when it serves TLS ("" = insecure)
-  work-dir="/var/lib/hfl/team-0"          job files, team models, the private FLWR_HOME
-  app-dir="/opt/hfl"                       the app submitted to the team SuperLink
+  role="node"  path="0.1"                 which inner node of the topology this host serves
+                                           (role="team" team-id=N is the level-1 node N)
+  node-superlink="127.0.0.1:9192"         the host's own SuperLink (its Control API)
+  node-root-certificates="/tls/ca.crt"    its CA when it serves TLS ("" = insecure)
+  work-dir="/var/lib/hfl/node-0.1"        the node's state, the mailbox and a private FLWR_HOME
+  app-dir="/opt/hfl"                       the app submitted to the host's SuperLink
                                            (default: this package's project directory)
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 
-from hfl.deploy.control import ControlClient
-from hfl.deploy.jobs import TeamJob, load_arrays, save_arrays
-from hfl.deploy.team_run import team_job_result
-from hfl.node.evaluation import evaluation_result
+from hfl.deploy.mailbox import Letter, Mailbox, request_name
 
 log = logging.getLogger("hfl")
+POLL = 0.01  # seconds between looks for the node server's reply
+START_SECONDS = 300.0  # a node server not beating this long after its run was submitted failed to start
 
 
-@dataclass(frozen=True)
-class BridgeSettings:
-    team_id: int
-    device_ids: list[int] | None  # None: any device, ``num_devices`` of them
-    num_devices: int
-    overrides: str
-    state_key: str           # the global run: device and team state live under it
-    work_dir: Path
-    device_wait_seconds: float
-    team_run_timeout: float
-    global_model: bool
+class NodeBridge(NumPyClient):
+    """The parent's view of a deployed node: its path, and its fit/evaluate answered by the
+    node server. ``start()`` submits a node server run to the host's SuperLink."""
 
+    def __init__(self, path: str, box: Mailbox, start: Callable[[], None], timeout: float) -> None:
+        self.path = path
+        self.box = box
+        self.start = start
+        self.timeout = timeout
 
-class TeamBridge(NumPyClient):
-    def __init__(self, settings: BridgeSettings, link: ControlClient) -> None:
-        self.s = settings
-        self.link = link
-        self.dir = settings.work_dir / settings.state_key
-        self.dir.mkdir(parents=True, exist_ok=True)
-
-    @property
-    def team_model_path(self) -> Path:
-        return self.dir / f"team-{self.s.team_id}.npz"
-
-    def _run(self, action: str, parent: NDArrays, global_round: int) -> tuple[TeamJob, dict, float]:
-        job_dir = self.dir / f"round-{global_round:05d}-{action}"
-        job_dir.mkdir(parents=True, exist_ok=True)
-        save_arrays(job_dir / "parent.npz", parent)
-        for stale in (job_dir / "result.json", job_dir / "result.npz"):
-            stale.unlink(missing_ok=True)
-        job = TeamJob(
-            action=action, team_id=self.s.team_id, global_round=global_round, parent=str(job_dir / "parent.npz"),
-            result=str(job_dir / "result.json"), device_ids=self.s.device_ids, num_devices=self.s.num_devices,
-            device_wait_seconds=self.s.device_wait_seconds,
-            team_model=str(self.team_model_path) if action == "evaluate" and self.team_model_path.exists() else None,
-        )
-        job.save(job_dir / "job.json")
-        start = time.perf_counter()
-        run_config = {"tier": "team", "job": str(job_dir / "job.json"), "overrides": self.s.overrides,
-                      "state-key": self.s.state_key}
-        run_id = self.link.submit(run_config, job_dir / "run-config.toml")
-        log.info("team %d: %s for global round %d is team run %d", self.s.team_id, action, global_round, run_id)
-        status = self.link.wait(run_id, self.s.team_run_timeout, done=Path(job.result).exists)
-        if status != "finished:completed":
-            raise RuntimeError(f"team {self.s.team_id}: team run {run_id} ({action}, global round {global_round}) "
-                               f"ended {status}; see the team SuperLink's log")
-        return job, team_job_result(job), time.perf_counter() - start
+    def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
+        if config.get("stop") and self.box.server_alive():
+            self._ask("stop", [], dict(config))
+        return {"path": self.path, "level": self.path.count(".") + 1}
 
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        job, result, seconds = self._run("fit", parameters, int(config.get("global_round", 0)))
-        model = load_arrays(job.model_path)
-        save_arrays(self.team_model_path, model)
-        metrics: dict[str, Scalar] = {
-            "team_id": self.s.team_id,
-            "compute_seconds": seconds,
-            "team_run_seconds": seconds,
-            "bytes_down_team": result["bytes_down_team"],
-            "bytes_up_team": result["bytes_up_team"],
-            "device_failures": sum(r["missing"] for r in result["rounds"]),
-            "rejected": sum(r.get("rejected", 0) for r in result["rounds"]),
-        }
-        return model, int(result["num_examples"]), metrics
+        reply = self._ask("fit", parameters, dict(config))
+        return reply.arrays, reply.number, reply.config
 
     def evaluate(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[float, int, dict[str, Scalar]]:
-        _, result, seconds = self._run("evaluate", parameters, int(config.get("global_round", 0)))
-        metrics = {**result["metrics"], "team_id": self.s.team_id, "compute_seconds": seconds,
-                   "bytes_down_team": result["bytes_down_team"], "device_failures": result["missing"]}
-        return evaluation_result(metrics, self.s.global_model)
+        reply = self._ask("evaluate", parameters, dict(config))
+        return reply.loss, reply.number, reply.config
+
+    def ensure_server(self) -> None:
+        """A node server is alive for this experiment: if none beats, submit one (one bridge at
+        a time: a file lock) and wait for its first beat."""
+        if self.box.server_alive():
+            return
+        with (self.box.root / "server.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.box.server_alive():
+                return
+            log.info("node %s: starting its node server", self.path)
+            self.start()
+            deadline = time.monotonic() + START_SECONDS
+            while not self.box.server_alive():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"node {self.path}: its node server did not start within {START_SECONDS:.0f} s; "
+                                       "see the node SuperLink's log")
+                time.sleep(0.05)
+
+    def _ask(self, action: str, arrays: NDArrays, config: dict) -> Letter:
+        name = request_name(action, config)
+        reply = self.box.reply(name)  # a message delivered again: answered already
+        if reply is None:
+            self.ensure_server()
+            self.box.post(name, Letter(action, list(arrays), config))
+            reply = self._wait(name)
+        if reply.error:
+            raise RuntimeError(f"node {self.path}: {reply.error}")
+        return reply
+
+    def _wait(self, name: str) -> Letter:
+        deadline = time.monotonic() + self.timeout
+        next_check = time.monotonic() + 2.0
+        while True:
+            reply = self.box.reply(name)
+            if reply is not None:
+                return reply
+            now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(f"node {self.path}: no answer to {name} within {self.timeout:.0f} s")
+            if now > next_check:  # a node server that died is started again; it answers the request
+                self.ensure_server()
+                next_check = now + 2.0
+            time.sleep(POLL)
+
+
+def submit_node_server(link, path: str, overrides: str, state_key: str, work_dir: Path) -> Callable[[], None]:  # noqa: ANN001
+    """``NodeBridge.start`` for a host: one run of this app on its SuperLink, the node server."""
+
+    def start() -> None:
+        run_config = {"tier": "node", "path": path, "overrides": overrides, "state-key": state_key,
+                      "work-dir": str(work_dir)}
+        run_id = link.submit(run_config, work_dir / state_key / "run-config.toml")
+        log.info("node %s: node server is run %d", path, run_id)
+
+    return start

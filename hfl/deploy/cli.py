@@ -1,8 +1,9 @@
 """hfl-deploy: start the roles of a deployment and submit runs to it.
 
     hfl-deploy global [--port 9092] [--tls DIR]                          # cloud host
-    hfl-deploy team --team-id 0 --global HOST:9092 [--port 9192] ...       # each edge host
-    hfl-deploy device --device-id 3 --team HOST:9192 [--node-port 9094]    # each device
+    hfl-deploy node --path 0.1 --parent HOST:9192 --work-dir DIR [--port 9192] ...  # each inner node's host
+    hfl-deploy team --team-id 0 --global HOST:9092 --work-dir DIR ...      # = node --path 0 --parent HOST:9092
+    hfl-deploy device --device-id 3 --parent HOST:9192 [--node-port 9094]  # each device
     hfl-deploy submit --superlink HOST:9092 --output-dir /abs/out [OVERRIDES...]
     hfl-deploy simulate [--output-dir DIR] [OVERRIDES...]                 # `flwr run .` on a local simulation SuperLink
     hfl-deploy certs --out DIR --name HOST [--name HOST ...]               # TLS files
@@ -61,15 +62,16 @@ def _tls(args: argparse.Namespace) -> roles.ServerTls | None:
 def role_commands(args: argparse.Namespace) -> list[list[str]]:
     if args.command == "global":
         return roles.global_role(args.host, args.port, _tls(args), args.supernode_auth)
-    if args.command == "team":
-        return roles.team_role(
-            args.team_id, args.global_superlink, args.work_dir, host=args.host, port=args.port,
-            node_port=args.node_port, tls=_tls(args), global_ca=args.global_ca,
-            supernode_auth=args.supernode_auth, auth_key=args.auth_key, num_devices=args.num_devices,
+    if args.command in ("node", "team"):
+        path = args.path if args.command == "node" else str(args.team_id)
+        return roles.node_role(
+            path, args.parent, args.work_dir, host=args.host, port=args.port,
+            node_port=args.node_port, tls=_tls(args), parent_ca=args.parent_ca,
+            supernode_auth=args.supernode_auth, auth_key=args.auth_key,
         )
     return roles.device_role(
-        args.device_id, args.team_superlink, node_port=args.node_port, state_dir=args.state_dir,
-        data_path=args.data_path, team_ca=args.team_ca, auth_key=args.auth_key,
+        args.device_id, args.parent, node_port=args.node_port, state_dir=args.state_dir,
+        data_path=args.data_path, node_ca=args.parent_ca, auth_key=args.auth_key,
     )
 
 
@@ -101,29 +103,31 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hfl-deploy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
-    g = sub.add_parser("global", help="the global SuperLink")
-    t = sub.add_parser("team", help="a team host: its SuperLink and its bridge SuperNode")
+    g = sub.add_parser("global", help="the global SuperLink (the root's host)")
+    n = sub.add_parser("node", help="an inner node's host at any level: its SuperLink and its bridge SuperNode")
+    t = sub.add_parser("team", help="the host of level-1 node N (= node --path N)")
     d = sub.add_parser("device", help="a device SuperNode")
-    for role in (g, t, d):
+    for role in (g, n, t, d):
         role.add_argument("--print", action="store_true", help="print the commands instead of running them")
-    for link, port in ((g, roles.GLOBAL_PORT), (t, roles.TEAM_PORT)):
+    for link, port in ((g, roles.GLOBAL_PORT), (n, roles.TEAM_PORT), (t, roles.TEAM_PORT)):
         link.add_argument("--host", default="0.0.0.0", help="address the SuperLink binds")
         link.add_argument("--port", type=int, default=port, help="the SuperLink's port (all its APIs)")
         link.add_argument("--tls", help="directory with ca.crt, server.pem, server.key (else insecure)")
         link.add_argument("--supernode-auth", action="store_true", help="only registered SuperNodes may connect")
+    n.add_argument("--path", required=True, help="the node's path in the topology, e.g. 0.1")
     t.add_argument("--team-id", type=int, required=True)
-    t.add_argument("--global", dest="global_superlink", required=True, help="global SuperLink HOST:PORT")
-    t.add_argument("--global-ca", help="CA certificate of the global SuperLink (TLS)")
-    t.add_argument("--work-dir", required=True, help="the bridge's job files and team models")
-    t.add_argument("--num-devices", type=int, help="devices to wait for, if this host lacks the dataset")
     d.add_argument("--device-id", type=int, required=True)
-    d.add_argument("--team", dest="team_superlink", required=True, help="team SuperLink HOST:PORT")
-    d.add_argument("--team-ca", help="CA certificate of the team SuperLink (TLS)")
     d.add_argument("--state-dir", help="where the device keeps its personalized model")
     d.add_argument("--data-path", help="the device's own data (npz) instead of a partition")
-    for node in (t, d):
-        node.add_argument("--node-port", type=int, default=roles.NODE_PORT, help="the SuperNode's local API port")
-        node.add_argument("--auth-key", help="the SuperNode's private key (SuperLink with --supernode-auth)")
+    for host, parent in ((n, "--parent"), (t, "--global"), (d, "--team")):
+        names = [parent] if parent == "--parent" else ["--parent", parent]
+        host.add_argument(*names, dest="parent", required=True, help="the parent's SuperLink HOST:PORT")
+        host.add_argument("--parent-ca", *(["--global-ca"] if host is t else ["--team-ca"] if host is d else []),
+                          dest="parent_ca", help="the parent SuperLink's CA certificate (TLS)")
+        host.add_argument("--node-port", type=int, default=roles.NODE_PORT, help="the SuperNode's local API port")
+        host.add_argument("--auth-key", help="the SuperNode's private key (SuperLink with --supernode-auth)")
+    for host in (n, t):
+        host.add_argument("--work-dir", required=True, help="the node's state, mailbox and FLWR_HOME")
 
     s = sub.add_parser("submit", help="run an experiment on a running deployment")
     s.add_argument("--superlink", required=True, help="global SuperLink HOST:PORT")
@@ -161,7 +165,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        if args.command in ("global", "team", "device"):
+        if args.command in ("global", "node", "team", "device"):
             commands = role_commands(args)
             if args.print:
                 print("\n".join(shlex.join(c) for c in commands))

@@ -24,7 +24,7 @@ from hfl.device.client import DeviceClient
 from hfl.config.checks import load_module
 from hfl.data import DeviceData
 from hfl.models import build_model
-from hfl.runtime.build import device_runtime, federation_for
+from hfl.runtime.build import device_classes, device_data, device_runtime, federation_for, model_classes
 from hfl.state.store import StateStore
 from hfl.device.training import LocalTrainer
 
@@ -32,12 +32,15 @@ DEFAULT_STATE_DIR = Path.home() / ".cache" / "hfl" / "device-state"
 
 
 class DeployedDevice(NumPyClient):
-    """Saves the device's state after every fit; answers a multi-target evaluation
-    (``config["targets"]``) with one reply carrying ``{target}_correct`` / ``{target}_loss``."""
+    """The algorithm's device client on its own host: it says which device it is (its node server
+    asks once) and saves its state after every fit, in its own state directory."""
 
     def __init__(self, inner: DeviceClient, store: StateStore) -> None:
         self.inner = inner
         self.store = store
+
+    def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
+        return {"device_id": self.inner.device.device_id}
 
     def get_parameters(self, config: dict[str, Scalar]) -> NDArrays:
         return self.inner.get_parameters(config)
@@ -48,22 +51,7 @@ class DeployedDevice(NumPyClient):
         return result
 
     def evaluate(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[float, int, dict[str, Scalar]]:
-        if "targets" not in config:
-            return self.inner.evaluate(parameters, config)
-        split = int(config["split"])
-        arrays = {"gm": (parameters[:split], "global"), "team": (parameters[split:], "team"), "pm": ([], "personal")}
-        metrics: dict[str, Scalar] = {"device_id": self.inner.device.device_id}
-        first: tuple[float, int] | None = None
-        for target in str(config["targets"]).split(","):
-            if target not in arrays:
-                raise ValueError(f"unknown evaluation target {target!r}")
-            loss, n, reply = self.inner.evaluate(*arrays[target][:1], {"model": arrays[target][1]})
-            metrics[f"{target}_loss"] = loss
-            metrics[f"{target}_correct"] = reply["correct"]
-            first = first or (loss, n)
-        if first is None:
-            raise ValueError("evaluation asked for no target")
-        return first[0], first[1], metrics
+        return self.inner.evaluate(parameters, config)
 
 
 def load_device_data(path: str | Path, device_id: int) -> tuple[DeviceData, int]:
@@ -98,12 +86,15 @@ def device_client(cfg: Mapping, node_config: Mapping[str, Scalar], state_key: st
     if node_config.get("data-path"):
         data, num_classes = load_device_data(str(node_config["data-path"]), device_id)
         input_shape = tuple(data.x_train.shape[1:])
+        classes = None
     else:
         fed = federation_for(cfg)
         if not 0 <= device_id < len(fed.devices):
             raise ValueError(f"device-id {device_id} does not exist: the federation has {len(fed.devices)} devices")
-        data, num_classes, input_shape = fed.devices[device_id], fed.num_classes, fed.input_shape
+        # As a node builds its devices in simulation (hfl.runtime.build.build_node): local labels too.
+        data, num_classes, input_shape = device_data(cfg, fed, device_id), model_classes(cfg, fed), fed.input_shape
+        classes = device_classes(fed, device_id) if cfg["algorithm"].get("local_labels", False) else None
     trainer = LocalTrainer(build_model(cfg["model"], input_shape, num_classes))
     store = StateStore(Path(str(node_config.get("state-dir") or DEFAULT_STATE_DIR)) / state_key)
-    device = device_runtime(cfg, device_id, data, trainer, store)
+    device = device_runtime(cfg, device_id, data, trainer, store, classes)
     return DeployedDevice(load_module(cfg["algorithm"], "client").make_client(device), store)

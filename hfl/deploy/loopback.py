@@ -1,5 +1,5 @@
-"""A whole deployment on one host's loopback ports, for tests and benchmarks: 1 global
-SuperLink, team hosts (SuperLink + bridge SuperNode each), device SuperNodes. Every process
+"""A whole deployment on one host's loopback ports, for tests and benchmarks: the root's SuperLink,
+a host per inner node of the tree (SuperLink + bridge SuperNode each), a SuperNode per device. Every process
 is started with the role command lines of ``hfl.deploy.roles`` (what ``hfl-deploy`` runs),
 logs to ``root/<name>.log``, and is stopped by pid (its whole process group)."""
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hfl.deploy import roles
+from hfl.tree.shape import Tree, parent_of
 
 
 def free_ports(count: int) -> list[int]:
@@ -41,15 +42,16 @@ def wait_port(port: int, timeout: float = 30.0) -> None:
 @dataclass
 class Deployment:
     root: Path
-    teams: list[list[int]]            # device ids per team
+    tree: Tree                        # the topology: a host per inner node, a SuperNode per device
     tls: roles.ServerTls | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        names = ["global"] + [f"team{t}" for t in range(len(self.teams))]
-        nodes = [f"bridge{t}" for t in range(len(self.teams))] + [f"device{d}" for ds in self.teams for d in ds]
-        self.ports = dict(zip(names + nodes, free_ports(len(names) + len(nodes)), strict=True))
+        self.inner = [p for level in range(1, self.tree.depth) for p in self.tree.nodes_at(level)]
+        names = ["global"] + [f"link-{p}" for p in self.inner] + [f"bridge-{p}" for p in self.inner] + \
+            [f"device{d}" for d in self.tree.devices_under("")]
+        self.ports = dict(zip(names, free_ports(len(names)), strict=True))
 
     def start_process(self, name: str, command: list[str]) -> None:
         log = (self.root / f"{name}.log").open("ab")
@@ -61,28 +63,39 @@ class Deployment:
     def global_address(self) -> str:
         return f"127.0.0.1:{self.ports['global']}"
 
-    def start_device(self, team: int, device_id: int) -> None:
+    def link_of(self, path: str) -> str:
+        """The SuperLink the children of ``path`` connect to ("" = the root's)."""
+        return self.global_address if path == "" else f"127.0.0.1:{self.ports[f'link-{path}']}"
+
+    def start_device(self, device_id: int) -> None:
+        lowest = next(p for p in self.tree.nodes_at(self.tree.depth - 1) if device_id in self.tree.devices(p))
         (cmd,) = roles.device_role(
-            device_id, f"127.0.0.1:{self.ports[f'team{team}']}", node_port=self.ports[f"device{device_id}"],
-            state_dir=self.root / f"device{device_id}-state", team_ca=self.tls.ca if self.tls else None,
+            device_id, self.link_of(lowest), node_port=self.ports[f"device{device_id}"],
+            state_dir=self.root / f"device{device_id}-state", node_ca=self.tls.ca if self.tls else None,
         )
         self.start_process(f"device{device_id}", cmd)
+
+    def start_node(self, path: str, parts: tuple[str, ...] = ("link", "bridge")) -> None:
+        """The host of inner node ``path``: its SuperLink and its bridge (or one of them again)."""
+        link, bridge = roles.node_role(
+            path, self.link_of(parent_of(path)), self.root / f"node-{path}-work", host="127.0.0.1",
+            port=self.ports[f"link-{path}"], node_port=self.ports[f"bridge-{path}"], tls=self.tls,
+            parent_ca=self.tls.ca if self.tls else None,
+        )
+        if "link" in parts:
+            self.start_process(f"link-{path}", link)
+            wait_port(self.ports[f"link-{path}"])
+        if "bridge" in parts:
+            self.start_process(f"bridge-{path}", bridge)
 
     def start(self) -> None:
         (glob,) = roles.global_role("127.0.0.1", self.ports["global"], self.tls)
         self.start_process("global", glob)
-        for t, device_ids in enumerate(self.teams):
-            link, bridge = roles.team_role(
-                t, self.global_address, self.root / f"team{t}-work", host="127.0.0.1",
-                port=self.ports[f"team{t}"], node_port=self.ports[f"bridge{t}"], tls=self.tls,
-                global_ca=self.tls.ca if self.tls else None,
-            )
-            self.start_process(f"team{t}", link)
-            wait_port(self.ports[f"team{t}"])
-            self.start_process(f"bridge{t}", bridge)
-            for d in device_ids:
-                self.start_device(t, d)
         wait_port(self.ports["global"])
+        for path in self.inner:
+            self.start_node(path)
+        for d in self.tree.devices_under(""):
+            self.start_device(d)
 
     def kill(self, name: str) -> None:
         """SIGKILL, as a crash: no goodbye to the SuperLink."""

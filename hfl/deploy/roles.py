@@ -93,42 +93,40 @@ def global_role(host: str = "0.0.0.0", port: int = GLOBAL_PORT, tls: ServerTls |
     return [superlink_command(host, port, tls, supernode_auth)]
 
 
-def team_role(
-    team_id: int,
-    global_superlink: str,
+def node_role(
+    path: str,
+    parent_superlink: str,
     work_dir: str | Path,
     *,
     host: str = "0.0.0.0",
     port: int = TEAM_PORT,
     node_port: int = NODE_PORT,
     tls: ServerTls | None = None,
-    global_ca: str | Path | None = None,
+    parent_ca: str | Path | None = None,
     supernode_auth: bool = False,
     auth_key: str | Path | None = None,
-    num_devices: int | None = None,
 ) -> list[list[str]]:
-    """The team SuperLink and the bridge SuperNode (towards the global SuperLink)."""
+    """An inner node's host at ``path`` (any level): its SuperLink for its children and the bridge
+    SuperNode toward its parent's SuperLink (hfl.deploy.bridge)."""
     control = f"127.0.0.1:{port}"  # the bridge reaches its own SuperLink on loopback
     bridge: dict[str, object] = {
-        "role": "team", "team-id": team_id, "team-superlink": control,
-        "team-root-certificates": str(tls.ca) if tls else "", "work-dir": str(work_dir),
+        "role": "node", "path": path, "node-superlink": control,
+        "node-root-certificates": str(tls.ca) if tls else "", "work-dir": str(work_dir),
     }
-    if num_devices is not None:
-        bridge["num-devices"] = num_devices
     return [
         superlink_command(host, port, tls, supernode_auth),
-        supernode_command(global_superlink, node_port, bridge, global_ca, auth_key),
+        supernode_command(parent_superlink, node_port, bridge, parent_ca, auth_key),
     ]
 
 
 def device_role(
     device_id: int,
-    team_superlink: str,
+    node_superlink: str,
     *,
     node_port: int = NODE_PORT,
     state_dir: str | Path | None = None,
     data_path: str | Path | None = None,
-    team_ca: str | Path | None = None,
+    node_ca: str | Path | None = None,
     auth_key: str | Path | None = None,
 ) -> list[list[str]]:
     config: dict[str, object] = {"role": "device", "device-id": device_id}
@@ -136,7 +134,7 @@ def device_role(
         config["state-dir"] = str(state_dir)
     if data_path:
         config["data-path"] = str(data_path)
-    return [supernode_command(team_superlink, node_port, config, team_ca, auth_key)]
+    return [supernode_command(node_superlink, node_port, config, node_ca, auth_key)]
 
 
 def flwr_home_config(name: str, address: str, root_certificates: str | Path | None) -> str:

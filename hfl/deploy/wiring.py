@@ -1,4 +1,10 @@
-"""Which role a Flower process plays, from its run config (``tier``) and node config (``role``)."""
+"""Which role a Flower process plays, from its run config (``tier``) and node config (``role``).
+
+Runs: ``tier="global"`` is the experiment's root run (``hfl-deploy submit``); ``tier="node"``
+is a node server (``hfl.deploy.node_server``), one per inner node host and experiment.
+SuperNodes: ``role="node"`` (or ``role="team"``, the level-1 node ``team-id``) is a node
+host's bridge toward its parent; ``role="device"`` a device.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +14,14 @@ from pathlib import Path
 import torch
 from flwr.client import Client
 from flwr.common import Context
-from flwr.server import ServerAppComponents, ServerConfig
 
-from hfl.algorithm import NodeContext
-from hfl.config.checks import load_server
-from hfl.deploy.bridge import BridgeSettings, TeamBridge
+from hfl.deploy.bridge import NodeBridge, submit_node_server
 from hfl.deploy.control import ControlClient
 from hfl.deploy.device import device_client
-from hfl.deploy.jobs import TeamJob, load_arrays
-from hfl.deploy.team_run import TeamEvaluationRun, TeamFitRun
-from hfl.runtime.build import federation_for
-from hfl.node.payload import Payload
-from hfl.node.strategy import NodeStrategy
+from hfl.deploy.mailbox import Mailbox
 
-TIERS = ("global", "team")
-ROLES = ("team", "device")
+TIERS = ("global", "node")
+ROLES = ("node", "team", "device")
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 
 
@@ -34,73 +33,50 @@ def tier_of(context: Context) -> str:
 
 
 def check_role(tier: str, role: object) -> None:
-    """A device must hang under a team SuperLink, a bridge under the global one."""
-    expected = {"global": ("team", None), "team": ("device",)}[tier]
-    if role not in expected:
-        where = "the global SuperLink" if tier == "global" else "a team SuperLink"
-        raise ValueError(f"a SuperNode with role={role!r} received a {tier}-tier run: it is connected to {where}; "
-                         f"nodes there must have role {' or '.join(repr(r) for r in expected if r)}")
+    """A device hangs under a node host's SuperLink, never under the root's."""
+    if tier == "global" and role not in ("node", "team", None):
+        raise ValueError(f"a SuperNode with role={role!r} is connected to the global SuperLink; nodes there must be "
+                         "node hosts' bridges (role 'node', or 'team' with a team-id)")
+    if role not in (*ROLES, None):
+        raise ValueError(f"unknown SuperNode role {role!r}; known: {', '.join(ROLES)}")
 
 
 def state_key(context: Context) -> str:
-    """Devices keep state per global run; the bridge passes its key to every team run."""
+    """What names an experiment on every host: the root run's key, passed down by node servers."""
     return str(context.run_config.get("state-key") or f"run-{context.run_id}")
 
 
-def team_server_components(cfg: Mapping, context: Context) -> ServerAppComponents:
-    job = TeamJob.load(str(context.run_config["job"]))
-    alg, runtime = cfg["algorithm"], cfg["runtime"]
-    if job.action == "fit":
-        # The team host's node: the algorithm's rule at level 1 of a three-tier tree, from its
-        # parent's model alone (hfl.config.checks refuses algorithms whose nodes need more there). A team
-        # host need not hold the data, so its context has no federation.
-        parent = Payload("model", {"model": load_arrays(job.parent)})
-        rule = load_server(alg)(NodeContext(cfg, str(job.team_id), 2, parent, None, None))
-        inner = NodeStrategy(rule, float(alg.get("min_fit_fraction", 1.0)))
-        rounds = int(alg["team_rounds"])
-        strategy = TeamFitRun(inner, job, rounds)
-    else:
-        rounds = 1
-        strategy = TeamEvaluationRun(job, bool(alg.get("global_model", True)), bool(alg["personalized"]))
-    timeout = runtime.get("team_round_timeout")
-    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds, round_timeout=timeout))
+def node_path(node: Mapping) -> str:
+    """The inner node a bridge serves: ``path``, or ``team-id`` N (the level-1 node N)."""
+    if node.get("path") not in (None, ""):
+        return str(node["path"])
+    if "team-id" in node:
+        return str(int(node["team-id"]))
+    raise ValueError("a node host's bridge SuperNode needs path (or team-id) in its node config")
 
 
 def bridge_client(cfg: Mapping, context: Context) -> Client:
     node = context.node_config
-    for key in ("team-id", "team-superlink", "work-dir"):
-        if key not in node:
-            raise ValueError(f"a team bridge SuperNode needs {key} in its node config")
-    team_id = int(node["team-id"])
-    runtime = cfg["runtime"]
-    if "num-devices" in node:  # the team host does not hold the data: trust the operator's count
-        device_ids = None
-        count = int(node["num-devices"])
-    else:
-        teams = federation_for(cfg).teams
-        if not 0 <= team_id < len(teams):
-            raise ValueError(f"team-id {team_id} does not exist: the topology has {len(teams)} teams")
-        device_ids = [int(d) for d in teams[team_id]]
-        count = len(device_ids)
-    settings = BridgeSettings(
-        team_id=team_id, device_ids=device_ids, num_devices=count,
-        overrides=str(context.run_config.get("overrides", "")), state_key=state_key(context),
-        work_dir=Path(str(node["work-dir"])), device_wait_seconds=float(runtime.get("device_wait_seconds", 30)),
-        team_run_timeout=float(runtime.get("team_run_timeout", 3600)),
-        global_model=bool(cfg["algorithm"].get("global_model", True)),
-    )
+    path = node_path(node)
+    superlink = node.get("node-superlink") or node.get("team-superlink")
+    if not superlink or "work-dir" not in node:
+        raise ValueError("a node host's bridge SuperNode needs node-superlink and work-dir in its node config")
+    ca = str(node.get("node-root-certificates", node.get("team-root-certificates", "")))
     app_dir = Path(str(node.get("app-dir") or PROJECT_DIR))
     if not (app_dir / "pyproject.toml").exists():
         raise ValueError(f"app-dir {app_dir} holds no pyproject.toml; set app-dir in the bridge's node config")
-    link = ControlClient(str(node["team-superlink"]), str(node.get("team-root-certificates", "")),
-                    settings.work_dir / "flwr-home", app_dir)
-    return TeamBridge(settings, link).to_client()
+    work_dir = Path(str(node["work-dir"]))
+    key = state_key(context)
+    link = ControlClient(str(superlink), ca, work_dir / "flwr-home", app_dir)
+    start = submit_node_server(link, path, str(context.run_config.get("overrides", "")), key, work_dir)
+    timeout = float(cfg["runtime"].get("team_run_timeout", 3600))
+    return NodeBridge(path, Mailbox(work_dir / key), start, timeout).to_client()
 
 
 def deployed_client(cfg: Mapping, context: Context) -> Client:
     torch.set_num_threads(int(cfg["runtime"]["torch_threads"]))
     role = context.node_config.get("role")
     check_role(tier_of(context), role)
-    if role == "team":
+    if role in ("node", "team"):
         return bridge_client(cfg, context)
     return device_client(cfg, context.node_config, state_key(context)).to_client()

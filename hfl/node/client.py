@@ -223,7 +223,7 @@ class NodeClient(NumPyClient):
         if self.spec.lowest:
             reports = [self._evaluate_devices(models, metrics, state)]
         else:
-            reports = self._evaluate_nodes(models, metrics)
+            reports = self._evaluate_nodes(models, metrics, config)
         metrics.update(add_reports(reports))
         metrics["team_id"] = self.spec.team_id
         metrics["compute_seconds"] = time.perf_counter() - start
@@ -263,11 +263,14 @@ class NodeClient(NumPyClient):
             report.update(target_report(target, rows))
         return report
 
-    def _evaluate_nodes(self, models: dict[str, NDArrays], metrics: dict[str, Scalar]) -> list[dict[str, Scalar]]:
+    def _evaluate_nodes(self, models: dict[str, NDArrays], metrics: dict[str, Scalar],
+                        config: dict[str, Scalar]) -> list[dict[str, Scalar]]:
         """The models forwarded to every child node (evaluation asks the whole subtree)."""
         arrays, meta = pack("parts", models)
         sent = LocalParameters(arrays)
-        replies, moved = evaluate_children(self.children, sent, meta)
+        # The round goes along: a deployed child names its request by it (hfl.deploy.mailbox).
+        rounds = {k: config[k] for k in ("global_round",) if k in config}
+        replies, moved = self.evaluate_many(self.children, sent, {**meta, **rounds})
         metrics[f"bytes_down_level{self.spec.level}"] += moved
         out = []
         for _, res in replies:

@@ -25,9 +25,8 @@ from hfl.config import schema
 from hfl.accel.batched import use_runtime_threads
 from hfl.algorithm import NodeContext, ServerRule
 from hfl.config.checks import load_server, validate
-from hfl.errors import ConfigError
 from hfl.node.faults import Dropout, dropout_fractions
-from hfl.deploy.wiring import deployed_client, team_server_components, tier_of
+from hfl.deploy.wiring import deployed_client, tier_of
 from hfl.runtime.build import build_team_node, federation_for, initial_model
 from hfl.node.payload import Payload
 from hfl.runtime.polling import PolledServerApp
@@ -55,9 +54,6 @@ def build_global_strategy(cfg: Mapping, run_dir: str | Path, start: Checkpoint |
     rounds Flower counts are offset by it (hfl.state.resume). ``tracker``: the run's started
     tracker (hfl.output.tracking), fed by its recorder."""
     fed = federation_for(cfg)
-    if cfg["runtime"]["name"] == "deployment" and fed.tree.depth != 2:
-        raise ConfigError("topology", f"deployment runs three tiers (root, team hosts, devices); this tree has depth "
-                                      f"{fed.tree.depth} (deeper deployments are not built yet)")
     alg = cfg["algorithm"]
     restore = None if start is None else {**start.recorder, "round": start.round}
     recorder = Recorder(run_dir, run_meta(cfg), int(cfg["global_rounds"]), restore=restore, tracker=tracker)
@@ -150,18 +146,39 @@ def _context_config(context: Context) -> dict:
     return compose_config(str(context.run_config.get("overrides", "")), context.run_id)
 
 
-def _flwr_server_fn(context: Context) -> ServerAppComponents:
-    cfg = _context_config(context)
-    if tier_of(context) == "team":  # a team run a bridge started on its team SuperLink
-        return team_server_components(cfg, context)
+def _output_dir(context: Context) -> Path:
     out = Path(str(context.run_config.get("output-dir", "outputs/flwr"))) / time.strftime("%Y-%m-%d_%H-%M-%S")
     log.info("hfl: writing outputs to %s", out.resolve())
+    return out
+
+
+def _flwr_server_fn(context: Context) -> ServerAppComponents:
+    cfg = _context_config(context)
+    out = _output_dir(context)
     tracker = tracking.begin(tracking.open_tracker(cfg.get("logger"), out), cfg)  # the logger group
     strategy = build_global_strategy(cfg, out, tracker=tracker)
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=int(cfg["global_rounds"])))
 
 
-server_app = ServerApp(server_fn=_flwr_server_fn)
+class _ServerApp(ServerApp):
+    """``flwr run``'s ServerApp: in a deployment the root (hfl.deploy.root_run) or a node server
+    (hfl.deploy.node_server), driven through the Grid directly; in simulation Flower's legacy loop."""
+
+    def __call__(self, grid, context: Context) -> None:  # noqa: ANN001 - Flower's Grid
+        cfg = _context_config(context)
+        if tier_of(context) == "node":
+            from hfl.deploy.node_server import serve_node
+
+            serve_node(grid, context, cfg)
+        elif cfg["runtime"]["name"] == "deployment":
+            from hfl.deploy.root_run import serve_root
+
+            serve_root(grid, context, cfg, _output_dir(context))
+        else:
+            super().__call__(grid, context)
+
+
+server_app = _ServerApp(server_fn=_flwr_server_fn)
 def _flwr_client_fn(context: Context) -> Client:
     cfg = _context_config(context)
     if context.node_config.get("role") is None and tier_of(context) == "global":

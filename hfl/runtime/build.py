@@ -21,7 +21,14 @@ from hfl.data import DeviceData, Federation, build_federation
 from hfl.device.state import DEVICES_PREFIX, DeviceRuntime, has_state, pack_states, unpack_states
 from hfl.errors import ConfigError
 from hfl.node.faults import dropout_fractions
-from hfl.node.inprocess import InProcessClientProxy, client_manager_of, evaluate_children, fit_one_by_one
+from hfl.node.inprocess import (
+    EvaluateMany,
+    FitMany,
+    InProcessClientProxy,
+    client_manager_of,
+    evaluate_children,
+    fit_one_by_one,
+)
 from hfl.models import build_model
 from hfl.node.payload import Payload
 from hfl.seed import derive_seed
@@ -251,8 +258,6 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
     tree = fed.tree
     alg = cfg["algorithm"]
     store = StateStore(state_dir)
-    level = level_of(path)
-    server = load_server(alg)
     fit_many, evaluate_many = fit_one_by_one, evaluate_children
     if tree.is_lowest(path):
         client_module = load_module(alg, "client")
@@ -282,6 +287,20 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
 
         def persist() -> None:
             pass
+
+    return node_client(cfg, path, store, proxies, holds, persist, fit_many, evaluate_many)
+
+
+def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list, holds: Mapping[str, frozenset[int]],
+                persist: Callable[[], None] = lambda: None, fit_many: FitMany = fit_one_by_one,
+                evaluate_many: EvaluateMany = evaluate_children) -> NodeClient:
+    """The engine's node at ``path`` over ``proxies`` (its children: in this process, or remote
+    ones in a deployment, hfl.deploy.node_server), ``holds`` naming the devices under each."""
+    fed = federation_for(cfg)
+    tree = fed.tree
+    alg = cfg["algorithm"]
+    level = level_of(path)
+    server = load_server(alg)
 
     def make_rule(payload: Payload, state: dict | None, round_path: str) -> ServerRule:
         return server(NodeContext(cfg, path, tree.depth, payload, state, fed, round_path=round_path))

@@ -1,0 +1,206 @@
+"""A deployed node's children behind Flower's ``Grid``, polled at tens of milliseconds.
+
+Flower's ``GridClientProxy`` sends through ``Grid.send_and_receive``, which sleeps 3 s between
+pulls, and its client-manager thread refreshes the node list every 5 s
+(``../shared/notes/flower-and-environment.md``, "Deployment latency"). ``push_messages`` and
+``pull_messages`` are public, so here every exchange pushes its messages at once and pulls
+their replies every ``interval`` seconds: a node's round costs its children's work, not
+Flower's sleeps. Messages are the legacy ones (``fitins``/``evaluateins`` records) that
+``NumPyClient`` ClientApps answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from flwr.app import Message, RecordDict
+from flwr.app.message_type import MessageType
+from flwr.common import (
+    Code,
+    DisconnectRes,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetParametersIns,
+    GetParametersRes,
+    GetPropertiesIns,
+    GetPropertiesRes,
+    MessageTypeLegacy,
+    ReconnectIns,
+)
+from flwr.compat.common import recorddict_compat as compat
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.serverapp.grid import Grid
+
+log = logging.getLogger("hfl")
+
+INTERVAL = 0.02  # seconds between pulls; a pull is one small request to the node's own SuperLink
+
+
+class ChildFailed(RuntimeError):
+    """A child's reply carried an error, or none came before the deadline."""
+
+
+def exchange(grid: Grid, messages: Sequence[Message], timeout: float | None,
+             interval: float = INTERVAL) -> list[Message | ChildFailed]:
+    """Push ``messages`` together, pull their replies until all are in or ``timeout`` passes;
+    per message, in order, its reply or the failure."""
+    ids = list(grid.push_messages(messages))
+    waiting = {i for i in ids if i}
+    replies: dict[str, Message] = {}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while waiting:
+        for reply in grid.pull_messages(list(waiting)):
+            replies[reply.metadata.reply_to_message_id] = reply
+            waiting.discard(reply.metadata.reply_to_message_id)
+        if not waiting or (deadline is not None and time.monotonic() > deadline):
+            break
+        time.sleep(interval)
+    out: list[Message | ChildFailed] = []
+    for msg, msg_id in zip(messages, ids, strict=True):
+        reply = replies.get(msg_id)
+        if reply is None:
+            out.append(ChildFailed(f"node {msg.metadata.dst_node_id}: no reply within {timeout} s"))
+        elif reply.has_error():
+            out.append(ChildFailed(f"node {msg.metadata.dst_node_id}: {reply.error.reason}"))
+        else:
+            out.append(reply)
+    return out
+
+
+class GridProxy(ClientProxy):
+    """A remote child named by its place in the tree (``cid``: a child path, or a device id as
+    ``"000042"``), reached at Flower node ``node_id``."""
+
+    def __init__(self, cid: str, node_id: int, grid: Grid, timeout: float | None = None,
+                 interval: float = INTERVAL) -> None:
+        super().__init__(cid)
+        self.node_id = node_id
+        self.grid = grid
+        self.timeout = timeout
+        self.interval = interval
+
+    def message(self, content: RecordDict, message_type: str, timeout: float | None = None) -> Message:
+        return Message(content=content, dst_node_id=self.node_id, message_type=message_type,
+                       ttl=timeout or self.timeout)
+
+    def _call(self, content: RecordDict, message_type: str, timeout: float | None) -> RecordDict:
+        (reply,) = exchange(self.grid, [self.message(content, message_type, timeout)], timeout or self.timeout,
+                            self.interval)
+        if isinstance(reply, ChildFailed):
+            raise reply
+        return reply.content
+
+    def get_properties(self, ins: GetPropertiesIns, timeout: float | None, group_id: int | None) -> GetPropertiesRes:
+        content = self._call(compat.getpropertiesins_to_recorddict(ins), MessageTypeLegacy.GET_PROPERTIES, timeout)
+        return compat.recorddict_to_getpropertiesres(content)
+
+    def get_parameters(self, ins: GetParametersIns, timeout: float | None, group_id: int | None) -> GetParametersRes:
+        content = self._call(compat.getparametersins_to_recorddict(ins), MessageTypeLegacy.GET_PARAMETERS, timeout)
+        return compat.recorddict_to_getparametersres(content, False)
+
+    def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
+        content = self._call(compat.fitins_to_recorddict(ins, keep_input=True), MessageType.TRAIN, timeout)
+        return compat.recorddict_to_fitres(content, keep_input=False)
+
+    def evaluate(self, ins: EvaluateIns, timeout: float | None, group_id: int | None) -> EvaluateRes:
+        content = self._call(compat.evaluateins_to_recorddict(ins, keep_input=True), MessageType.EVALUATE, timeout)
+        return compat.recorddict_to_evaluateres(content)
+
+    def reconnect(self, ins: ReconnectIns, timeout: float | None, group_id: int | None) -> DisconnectRes:
+        return DisconnectRes(reason="")
+
+
+def _together(calls: Sequence[tuple[ClientProxy, Any]], encode: Callable, message_type: str,
+              decode: Callable, direct: Callable[[ClientProxy, Any], Any]) -> list[Any]:
+    """One exchange for the ``calls`` (proxy, instruction) to remote children, ``direct`` for the
+    others (e.g. an absent child, which fails): per call its result or exception."""
+    out: list[Any] = [None] * len(calls)
+    remote = [(i, proxy, ins) for i, (proxy, ins) in enumerate(calls) if isinstance(proxy, GridProxy)]
+    for i, (proxy, ins) in enumerate(calls):
+        if not isinstance(proxy, GridProxy):
+            try:
+                out[i] = direct(proxy, ins)
+            except Exception as exc:  # noqa: BLE001 - that child's failure
+                out[i] = exc
+    if not remote:
+        return out
+    first = remote[0][1]
+    messages = [proxy.message(encode(ins, keep_input=True), message_type) for _, proxy, ins in remote]
+    timeouts = [proxy.timeout for _, proxy, _ in remote]
+    timeout = None if None in timeouts else max(timeouts)
+    for (i, _, _), reply in zip(remote, exchange(first.grid, messages, timeout, first.interval), strict=True):
+        if isinstance(reply, ChildFailed):
+            out[i] = reply
+            continue
+        try:
+            out[i] = decode(reply.content)
+        except Exception as exc:  # noqa: BLE001 - a malformed reply is that child's failure
+            out[i] = ChildFailed(f"malformed reply: {exc!r}")
+    return out
+
+
+def fit_together(calls: list[tuple[ClientProxy, FitIns]]) -> list[FitRes | BaseException]:
+    """``hfl.node.inprocess.FitMany`` for remote children: every fit of a round in flight at once."""
+    return _together(calls, compat.fitins_to_recorddict, MessageType.TRAIN,
+                     lambda rd: compat.recorddict_to_fitres(rd, keep_input=False),
+                     lambda proxy, ins: proxy.fit(ins, None, None))
+
+
+def evaluate_together(manager: SimpleClientManager, parameters: Any, config: dict) -> tuple[list[tuple[str, EvaluateRes]], int]:
+    """``hfl.node.inprocess.EvaluateMany`` for remote children: one exchange, every child asked.
+    A child that is absent or fails is left out of the figures with a warning (a real device can
+    die between rounds); the figures say how many devices are behind them."""
+    from hfl.node.payload import payload_nbytes
+
+    children = sorted(manager.all().values(), key=lambda p: p.cid)
+    results = _together([(p, EvaluateIns(parameters, dict(config))) for p in children], compat.evaluateins_to_recorddict,
+                        MessageType.EVALUATE, compat.recorddict_to_evaluateres,
+                        lambda proxy, ins: proxy.evaluate(ins, None, None))
+    replies = []
+    for proxy, res in zip(children, results, strict=True):
+        if isinstance(res, BaseException) or res.status.code != Code.OK:
+            log.warning("child %s did not evaluate: %s", proxy.cid, res if isinstance(res, BaseException) else res.status)
+            continue
+        replies.append((proxy.cid, res))
+    return replies, len(children) * payload_nbytes(parameters)
+
+
+class GridClientManager(SimpleClientManager):
+    """Flower's client manager over the Grid's nodes, looked up whenever it is asked (Flower's own
+    thread refreshes every 5 s); each node a ``GridProxy`` named by its Flower node id."""
+
+    def __init__(self, grid: Grid, timeout: float | None = None, interval: float = INTERVAL) -> None:
+        super().__init__()
+        self.grid = grid
+        self.timeout = timeout
+        self.interval = interval
+
+    def refresh(self) -> None:
+        online = set(self.grid.get_node_ids())
+        for cid, proxy in list(self.clients.items()):
+            if int(cid) not in online:
+                self.unregister(proxy)
+        for node in online - {int(c) for c in self.clients}:
+            self.register(GridProxy(str(node), node, self.grid, self.timeout, self.interval))
+
+    def num_available(self) -> int:
+        self.refresh()
+        return super().num_available()
+
+    def all(self) -> dict[str, ClientProxy]:
+        self.refresh()
+        return super().all()
+
+    def wait_for(self, num_clients: int, timeout: int = 86400) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.num_available() < num_clients:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True

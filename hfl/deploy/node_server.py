@@ -1,0 +1,173 @@
+"""An inner node on its own host: the engine's node (``hfl.node.client.NodeClient``, the same
+code and algorithm modules as simulation) with remote children, in one long-lived run.
+
+A node host runs a SuperLink for its children (device SuperNodes, or the bridges of the next
+level's nodes) and a SuperNode toward its parent (its bridge, ``hfl.deploy.bridge``). For a
+whole experiment the bridge keeps one run of this ServerApp on the host's SuperLink: it answers
+the requests the bridge posts (``hfl.deploy.mailbox``) by running the node's rounds over its
+children through the Grid (``hfl.deploy.grid``). Its state — the node's model, its rule's
+state — lives in the host's work directory under the experiment's key, so a node server that is
+killed and started again goes on from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from flwr.app import Context
+from flwr.common import GetPropertiesIns, MessageTypeLegacy
+from flwr.compat.common import recorddict_compat as compat
+from flwr.server.client_proxy import ClientProxy
+from flwr.serverapp.grid import Grid
+
+from hfl.deploy.grid import INTERVAL, ChildFailed, GridProxy, evaluate_together, exchange, fit_together
+from hfl.deploy.mailbox import Letter, Mailbox
+from hfl.state.store import StateStore
+
+log = logging.getLogger("hfl")
+
+
+class AbsentChild(ClientProxy):
+    """A child the topology has that is not connected: asked, it fails (a counted failure)."""
+
+    def _fail(self, *_: object, **__: object):  # noqa: ANN202
+        raise ChildFailed(f"child {self.cid} is not connected")
+
+    get_properties = get_parameters = fit = evaluate = reconnect = _fail
+
+
+class Children:
+    """The node's children as the topology names them (a child path, or a device id as
+    ``"000042"``), found among the SuperLink's nodes by asking each new one its properties once.
+    A child that comes back (a restarted SuperNode is a new Flower node) replaces its old node."""
+
+    def __init__(self, grid: Grid, expected: Iterable[str], *, devices: bool, wait_seconds: float,
+                 timeout: float | None, interval: float = INTERVAL) -> None:
+        self.grid = grid
+        self.expected = sorted(expected)
+        self.devices = devices
+        self.wait_seconds = wait_seconds
+        self.timeout = timeout
+        self.interval = interval
+        self.names: dict[int, str | None] = {}  # Flower node id -> the child it is (None: not one of ours)
+        self.nodes: dict[str, int] = {}  # child -> its newest node id
+
+    def _name(self, props: Mapping) -> str | None:
+        if self.devices:
+            return f"{int(props['device_id']):06d}" if "device_id" in props else None
+        return str(props["path"]) if "path" in props else None
+
+    def refresh(self) -> None:
+        online = set(self.grid.get_node_ids())
+        for name, node in list(self.nodes.items()):
+            if node not in online:
+                del self.nodes[name]
+        new = sorted(online - set(self.names))
+        if not new:
+            return
+        messages = [GridProxy("?", n, self.grid).message(compat.getpropertiesins_to_recorddict(GetPropertiesIns({})),
+                                                         MessageTypeLegacy.GET_PROPERTIES) for n in new]
+        for node, reply in zip(new, exchange(self.grid, messages, self.wait_seconds, self.interval), strict=True):
+            if isinstance(reply, ChildFailed):
+                log.warning("node %s did not say who it is: %s", node, reply)
+                continue  # asked again at the next refresh
+            name = self._name(compat.recorddict_to_getpropertiesres(reply.content).properties)
+            if name not in self.expected:
+                log.warning("ignored Flower node %s: %s is no child of this node", node, name)
+                name = None
+            self.names[node] = name
+            if name is not None:
+                self.nodes[name] = node
+
+    def proxies(self) -> list[ClientProxy]:
+        """Every child of the topology: connected ones (waiting up to ``wait_seconds`` for all),
+        the others as absent (their calls fail and are counted)."""
+        deadline = time.monotonic() + self.wait_seconds
+        while True:
+            self.refresh()
+            if len(self.nodes) == len(self.expected) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        missing = [c for c in self.expected if c not in self.nodes]
+        if missing:
+            log.warning("%d of %d children not connected: %s", len(missing), len(self.expected), ", ".join(missing))
+        return [GridProxy(c, self.nodes[c], self.grid, self.timeout, self.interval) if c in self.nodes
+                else AbsentChild(c) for c in self.expected]
+
+
+def _beat(box: Mailbox, stop: threading.Event) -> None:
+    while not stop.is_set():
+        box.beat()
+        stop.wait(1.0)
+
+
+def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
+    """The node server's run: answer the bridge's requests until it says stop (the experiment
+    is over) or none comes for ``runtime.team_run_timeout`` seconds."""
+    from hfl.runtime.build import federation_for, node_client
+
+    run_config = context.run_config
+    path = str(run_config["path"])
+    work = Path(str(run_config["work-dir"])) / str(run_config["state-key"])
+    box = Mailbox(work)
+    tree = federation_for(cfg).tree
+    if not path or path not in {p for level in range(1, tree.depth) for p in tree.nodes_at(level)}:
+        raise ValueError(f"node path {path!r} is no inner node of the topology (depth {tree.depth})")
+    runtime = cfg["runtime"]
+    lowest = tree.is_lowest(path)
+    holds = ({f"{d:06d}": frozenset([d]) for d in tree.devices(path)} if lowest
+             else {c: frozenset(tree.devices_under(c)) for c in tree.children(path)})
+    children = Children(grid, holds, devices=lowest, wait_seconds=float(runtime.get("device_wait_seconds", 60)),
+                        timeout=runtime.get("team_round_timeout"))
+    store = StateStore(work / "state")
+    stop = threading.Event()
+    threading.Thread(target=_beat, args=(box, stop), daemon=True).start()
+    idle_limit = float(runtime.get("team_run_timeout", 3600))
+    last = time.monotonic()
+    log.info("node %s: serving requests from %s", path, work)
+    try:
+        while time.monotonic() - last < idle_limit:
+            pending = box.pending()
+            if not pending:
+                time.sleep(0.01)
+                continue
+            last = time.monotonic()
+            name = pending[0]
+            letter = box.request(name)
+            if letter.action == "stop":
+                _stop_children(children)
+                box.answer(name, Letter("stop", [], {}))
+                return
+            box.answer(name, _handle(letter, lambda: node_client(
+                cfg, path, store, children.proxies(), holds,
+                fit_many=fit_together, evaluate_many=evaluate_together)))
+    finally:
+        stop.set()
+
+
+def _handle(letter: Letter, make_node) -> Letter:  # noqa: ANN001
+    try:
+        node = make_node()
+        if letter.action == "fit":
+            arrays, number, metrics = node.fit(letter.arrays, letter.config)
+            return Letter("fit", list(arrays), dict(metrics), number=number)
+        loss, number, metrics = node.evaluate(letter.arrays, letter.config)
+        return Letter("evaluate", [], dict(metrics), number=number, loss=loss)
+    except Exception as exc:  # noqa: BLE001 - the parent counts this node as failed
+        log.exception("node request %s failed", letter.action)
+        return Letter(letter.action, [], {}, error=f"{type(exc).__name__}: {exc}")
+
+
+def _stop_children(children: Children) -> None:
+    """The experiment is over: child node servers stop too (devices have nothing to stop)."""
+    if children.devices:
+        return
+    children.refresh()
+    proxies = [GridProxy(c, n, children.grid, 30.0) for c, n in children.nodes.items()]
+    messages = [p.message(compat.getpropertiesins_to_recorddict(GetPropertiesIns({"stop": True})),
+                          MessageTypeLegacy.GET_PROPERTIES) for p in proxies]
+    exchange(children.grid, messages, 30.0)

@@ -1,0 +1,42 @@
+"""The root of a deployment: the engine's root (``hfl.node.root.RootStrategy``, as in simulation)
+driven by Flower's legacy ``Server`` over the level-1 node hosts' bridges, reached through
+``hfl.deploy.grid`` (replies pulled every 20 ms, not Flower's 3 s). When the rounds are done the
+bridges are told to stop their node servers, which tell theirs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+from flwr.app import Context
+from flwr.common import GetPropertiesIns
+from flwr.server import Server, ServerConfig
+from flwr.server.server import run_fl
+from flwr.serverapp.grid import Grid
+
+from hfl.deploy.grid import GridClientManager
+
+log = logging.getLogger("hfl")
+
+
+def serve_root(grid: Grid, context: Context, cfg: Mapping, out: Path) -> None:
+    from hfl.output import tracking
+    from hfl.runtime.apps import build_global_strategy
+
+    tracker = tracking.begin(tracking.open_tracker(cfg.get("logger"), out), cfg)
+    strategy = build_global_strategy(cfg, out, tracker=tracker)
+    manager = GridClientManager(grid)
+    try:
+        run_fl(Server(client_manager=manager, strategy=strategy), ServerConfig(num_rounds=int(cfg["global_rounds"])))
+    finally:
+        stop_children(manager)
+
+
+def stop_children(manager: GridClientManager) -> None:
+    """Tell every bridge the experiment is over (their node servers end their runs)."""
+    for proxy in manager.all().values():
+        try:
+            proxy.get_properties(GetPropertiesIns({"stop": True}), timeout=30.0, group_id=None)
+        except Exception as exc:  # noqa: BLE001 - a node already gone stops on its idle limit
+            log.warning("could not tell node %s to stop: %s", proxy.cid, exc)

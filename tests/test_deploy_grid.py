@@ -1,0 +1,136 @@
+"""A deployed node's children behind the Grid (hfl.deploy.grid, hfl.deploy.node_server.Children),
+on an in-memory Grid that answers with real NumPyClients through Flower's own legacy handler."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from flwr.client import NumPyClient
+from flwr.client.message_handler.message_handler import handle_legacy_message_from_msgtype
+from flwr.common import FitIns, GetPropertiesIns, ndarrays_to_parameters, parameters_to_ndarrays
+
+from hfl.deploy.grid import ChildFailed, GridClientManager, GridProxy, evaluate_together, fit_together
+from hfl.deploy.node_server import AbsentChild, Children
+from hfl.node.inprocess import client_manager_of
+
+
+@pytest.fixture(autouse=True)
+def task_identity():  # noqa: ANN201
+    """What flwr-serverapp sets before it runs a ServerApp (messages are stamped with it)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    yield
+
+
+class Doubler(NumPyClient):
+    def __init__(self, name: dict, fail: bool = False) -> None:
+        self.name = name
+        self.fail = fail
+
+    def get_properties(self, config):  # noqa: ANN001, ANN201
+        return dict(self.name)
+
+    def fit(self, parameters, config):  # noqa: ANN001, ANN201
+        if self.fail:
+            raise RuntimeError("out of memory")
+        return [2 * p for p in parameters], 3, {"round": config["round"], **self.name}
+
+    def evaluate(self, parameters, config):  # noqa: ANN001, ANN201
+        return 0.5, 4, {"correct": 2, **self.name}
+
+
+class MemoryGrid:
+    """Pushes keep messages; a pull answers those whose node is up (a node that is down never
+    answers). Counts pulls, to see that replies are collected together."""
+
+    def __init__(self, clients: dict[int, NumPyClient]) -> None:
+        self.clients = clients
+        self.down: set[int] = set()
+        self.pending: dict[str, object] = {}
+        self.ids = itertools.count()
+        self.pulls = 0
+
+    def get_node_ids(self):  # noqa: ANN201
+        return list(self.clients)
+
+    def push_messages(self, messages):  # noqa: ANN001, ANN201
+        out = []
+        for msg in messages:
+            msg_id = f"m{next(self.ids)}"
+            msg.metadata.__dict__["_message_id"] = msg_id
+            self.pending[msg_id] = msg
+            out.append(msg_id)
+        return out
+
+    def pull_messages(self, message_ids):  # noqa: ANN001, ANN201
+        self.pulls += 1
+        replies = []
+        for msg_id in message_ids:
+            msg = self.pending.get(msg_id)
+            node = msg.metadata.dst_node_id
+            if node in self.down:
+                continue
+            client = self.clients[node]
+            try:
+                reply = handle_legacy_message_from_msgtype(lambda _ctx, c=client: c.to_client(), msg, None)
+            except Exception as exc:  # noqa: BLE001 - Flower's ClientApp turns it into an error reply
+                from flwr.app import Error, Message
+
+                reply = Message(Error(code=0, reason=repr(exc)), reply_to=msg)
+            replies.append(reply)
+            del self.pending[msg_id]
+        return replies
+
+
+def test_fit_together_equals_the_clients_and_counts_the_dead_and_the_failing() -> None:
+    grid = MemoryGrid({11: Doubler({"device_id": 1}), 12: Doubler({"device_id": 2}, fail=True),
+                       13: Doubler({"device_id": 3})})
+    grid.down.add(13)
+    proxies = [GridProxy(f"{d:06d}", n, grid, timeout=0.2, interval=0.01) for d, n in ((1, 11), (2, 12), (3, 13))]
+    ins = FitIns(ndarrays_to_parameters([np.ones(3, dtype=np.float32)]), {"round": "1.1"})
+    ok, failed, dead = fit_together([(p, ins) for p in proxies] )
+    assert np.array_equal(parameters_to_ndarrays(ok.parameters)[0], 2 * np.ones(3)) and ok.num_examples == 3
+    assert ok.metrics == {"round": "1.1", "device_id": 1}
+    assert isinstance(failed, ChildFailed) and "out of memory" in str(failed)
+    assert isinstance(dead, ChildFailed) and "no reply within 0.2 s" in str(dead)
+    absent = fit_together([(AbsentChild("000004"), ins)])
+    assert isinstance(absent[0], ChildFailed) and "000004 is not connected" in str(absent[0])
+
+
+def test_evaluate_together_leaves_out_children_that_did_not_answer() -> None:
+    grid = MemoryGrid({11: Doubler({"device_id": 1}), 12: Doubler({"device_id": 2})})
+    grid.down.add(12)
+    proxies = [GridProxy(f"{d:06d}", n, grid, timeout=0.2, interval=0.01) for d, n in ((1, 11), (2, 12))]
+    params = ndarrays_to_parameters([np.ones(2, dtype=np.float32)])
+    replies, sent = evaluate_together(client_manager_of(proxies), params, {"model": "global"})
+    assert [(cid, r.num_examples, r.metrics["correct"]) for cid, r in replies] == [("000001", 4, 2)]
+    assert sent == 2 * sum(len(t) for t in params.tensors)
+
+
+def test_children_are_named_by_the_tree_and_a_restarted_child_replaces_its_old_node() -> None:
+    grid = MemoryGrid({21: Doubler({"path": "0.0"}), 22: Doubler({"path": "7.7"})})
+    children = Children(grid, ["0.0", "0.1"], devices=False, wait_seconds=0.3, timeout=1.0, interval=0.01)
+    proxies = children.proxies()  # 0.1 never comes: absent after the wait; 7.7 is not ours
+    assert [(p.cid, type(p).__name__) for p in proxies] == [("0.0", "GridProxy"), ("0.1", "AbsentChild")]
+    assert proxies[0].node_id == 21 and children.names[22] is None
+    del grid.clients[21]  # 0.0's SuperNode dies and comes back as a new Flower node
+    grid.clients[23] = Doubler({"path": "0.0"})
+    grid.clients[24] = Doubler({"path": "0.1"})
+    proxies = children.proxies()
+    assert [(p.cid, p.node_id) for p in proxies] == [("0.0", 23), ("0.1", 24)]
+
+
+def test_grid_client_manager_follows_the_grids_nodes() -> None:
+    grid = MemoryGrid({5: Doubler({"path": "0"}), 6: Doubler({"path": "1"})})
+    manager = GridClientManager(grid)
+    assert manager.wait_for(2, timeout=1) and sorted(manager.all()) == ["5", "6"]
+    del grid.clients[5]
+    assert manager.num_available() == 1 and not manager.wait_for(2, timeout=0.2)
+    props = manager.all()["6"].get_properties(GetPropertiesIns({}), timeout=1.0, group_id=None)
+    assert props.properties == {"path": "1"}
+    with pytest.raises(ChildFailed, match="no reply"):
+        grid.down.add(6)
+        manager.all()["6"].get_properties(GetPropertiesIns({}), timeout=0.1, group_id=None)
