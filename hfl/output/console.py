@@ -202,6 +202,13 @@ class ConsoleHandler(logging.Handler):
             finally:
                 self._progress = self._task = None
 
+    def stop_progress(self) -> None:
+        """Take the bar off the terminal now (the cursor shown again): the process is about to end
+        without leaving ``progress``'s block (hfl.runtime.interrupts)."""
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = self._task = None
+
 
 def log_file() -> Path | None:
     """The root logger's log file (Hydra's ``<run dir>/<job name>.log``), if any."""

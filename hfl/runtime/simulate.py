@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from hfl.accel import batched
 
 from hfl.output import console, run_report, tracking
+from hfl.runtime import interrupts
 
 from hfl.config import schema
 from hfl.runtime.apps import (
@@ -140,7 +141,7 @@ def run_simulation(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None,
     init_args = ray_init_args(runtime)
     # Ray's lines always reach the log file; runtime.verbose lets the console show them too
     # (hfl.output.console), and Flower's DEBUG lines, which the log file always has.
-    with ray_output_to_log() as logging_args, simulation_polling(runtime.get("poll_interval")):
+    with ray_output_to_log() as logging_args, simulation_polling(runtime.get("poll_interval")), interrupts.kept_from_ray():
         flwr_run_simulation(
             server_app=make_server_app(cfg, run_dir, start, tracker),
             client_app=make_client_app(cfg),
@@ -209,7 +210,8 @@ def _run_locked(cfg: dict, run_dir: Path, fed, tracker, tracked: dict) -> dict: 
     state.mkdir(parents=True, exist_ok=True)
     started = tracking.begin(tracker, tracked, start.recorder["lines"] if start is not None else ())
     try:
-        (run_inprocess if cfg["runtime"]["name"] == "inprocess" else run_simulation)(cfg, run_dir, start, started)
+        with interrupts.closing_on_interrupt(started.close if started is not None else None):
+            (run_inprocess if cfg["runtime"]["name"] == "inprocess" else run_simulation)(cfg, run_dir, start, started)
     finally:
         if started is not None:
             started.close()  # a tracker run the recorder did not finish: the run failed or was stopped
@@ -282,10 +284,13 @@ def _composed() -> None:
 def task(cfg: DictConfig) -> float | None:
     _composed()
     handler = console.install(console_mode(cfg))
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
     rounds = cfg.get("global_rounds")  # not validated yet: a bad value is run()'s to report
+    overrides, config_name = list(hydra_cfg.overrides.task), str(hydra_cfg.job.config_name)
     try:
-        with handler.progress(rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None):
+        with interrupts.stop_on_signals(lambda: interrupts.interrupted_line(run_dir, overrides, rounds, config_name), handler), \
+                handler.progress(rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None):
             summary = run(OmegaConf.to_container(cfg, resolve=True), run_dir)
     except (ConfigError, DatasetNotFoundError) as exc:
         # Bad input is the user's to fix: the message, not a traceback (exit status 1); the
@@ -304,6 +309,13 @@ def main() -> None:
     every other bad value (NaN and infinities included); Hydra's other composition errors (an
     unknown option) are printed as Hydra words them. ``HYDRA_FULL_ERROR=1`` in the environment
     keeps Hydra's full report."""
+    try:
+        _main()
+    except KeyboardInterrupt:  # before the run's own handler (interrupts.stop_on_signals) is in place
+        interrupts.exit_interrupted(f"{interrupts.PROGRAM}: interrupted while no run was going on; nothing to resume")
+
+
+def _main() -> None:
     global _full_error_is_ours
     schema.register()
     if os.environ.get(FULL_ERROR):
