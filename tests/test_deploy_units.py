@@ -190,10 +190,41 @@ def test_device_from_a_data_file_equals_its_partition(small_cfg, tmp_path) -> No
     export_device_data(cfg, 4, tmp_path / "d4.npz")
     by_file = device_client(cfg, {"device-id": 4, "data-path": str(tmp_path / "d4.npz"), "state-dir": str(tmp_path)}, "r1")
     by_id = device_client(cfg, {"device-id": 4, "state-dir": str(tmp_path)}, "r2")
-    a, b = by_file.inner.device, by_id.inner.device
+    assert (tmp_path / "r2" / "partition-4.npz").exists()  # the next message's process reads it back
+    again = device_client(cfg, {"device-id": 4, "state-dir": str(tmp_path)}, "r2")
+    a, b, c = by_file.inner.device, by_id.inner.device, again.inner.device
     assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
+    for field in ("x_train", "y_train", "x_test", "y_test", "x_val", "y_val"):
+        assert torch.equal(getattr(b, field), getattr(c, field)) and getattr(b, field).dtype == getattr(c, field).dtype
     assert by_file.store.root == tmp_path / "r1"  # state lives per global run under state-dir
     with pytest.raises(ValueError, match="device-id 99 does not exist"):
         device_client(cfg, {"device-id": 99, "state-dir": str(tmp_path)}, "r3")
     with pytest.raises(ValueError, match="needs device-id"):
         device_client(cfg, {"state-dir": str(tmp_path)}, "r3")
+
+
+def test_every_target_in_one_message_per_device_equals_one_message_per_target(device) -> None:
+    from tests.test_deploy_grid import MemoryGrid, task_identity  # noqa: F401 - the fixture, used by name
+
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from hfl.deploy.grid import GridProxy, evaluate_targets_together
+    from hfl.node.inprocess import client_manager_of
+    from hfl.node.payload import LocalParameters
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    cfg, fed, node, _ = device
+    gm = initial_model(cfg, fed)
+    team, _, _ = node.fit(gm, {"alpha": 0.05, "local_steps": 3, "prox_coefficient": 0.5})
+    asks = [(LocalParameters(gm), {"model": "global"}), (LocalParameters(team), {"model": "team"}),
+            (LocalParameters([]), {"model": "personal"})]
+    grid = MemoryGrid({7: node})
+    answers = evaluate_targets_together(client_manager_of([GridProxy("000000", 7, grid, timeout=5)]), asks)
+    for (replies, sent), (params, config) in zip(answers, asks, strict=True):
+        loss, n, alone = node.inner.evaluate(params.arrays, config)
+        ((cid, res),) = replies
+        assert cid == "000000" and res.loss == pytest.approx(loss) and res.num_examples == n
+        assert res.metrics == {"device_id": 0, "correct": alone["correct"]}
+        assert sent == sum(len(t) for t in params.tensors)
+    with pytest.raises(ValueError, match="do not match the 1 arrays"):
+        node.evaluate([gm[0]], {"targets": '[[2, {"model": "global"}]]'})

@@ -22,6 +22,8 @@ from hfl.deploy.loopback import Deployment, free_ports, wait_port
 from hfl.deploy.roles import ServerTls
 from hfl.runtime.build import federation_for
 from hfl.runtime.simulate import run
+from hfl.device.state import stored_device_states
+from hfl.state.store import StateStore
 from hfl.tree.shape import from_teams
 
 pytestmark = pytest.mark.deployment
@@ -73,7 +75,9 @@ def assert_same_run(deploy_dir: Path, sim_dir: Path) -> None:
     for a, b in zip(model(deploy_dir), model(sim_dir), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     dep, sim = final_line(deploy_dir), final_line(sim_dir)
-    for key in ("pm_accuracy", "gm_accuracy", "team_accuracy"):
+    figures = [k for k in sim if k.endswith("_accuracy")]
+    assert figures
+    for key in figures:
         assert dep[key] == pytest.approx(sim[key], abs=1e-9), key
 
 
@@ -83,6 +87,41 @@ def test_two_global_rounds_match_simulation(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds"] == 2 and summary["failures"] == 0
     assert_same_run(run_dir, simulated(tmp_path, overrides))
+
+
+def assert_same_states(dep: Deployment, deploy_dir: Path, sim_dir: Path) -> None:
+    """Every inner node's stored state (on its host) and every device's (on its host) equal the
+    in-process run's."""
+    sim = StateStore(sim_dir / "state")
+    for path in dep.inner:
+        (work,) = (dep.root / f"node-{path}-work").glob("run-*")
+        here, there = StateStore(work / "state").load(f"node-{path}"), sim.load(f"node-{path}")
+        assert here is not None and there is not None and sorted(here) == sorted(there), path
+        for key in there:
+            np.testing.assert_allclose(here[key], there[key], rtol=1e-5, atol=1e-6, err_msg=f"node {path}: {key}")
+    devices = stored_device_states(sim)
+    for d in dep.tree.devices_under(""):
+        (folder,) = (dep.root / f"device{d}-state").glob("run-*")
+        here = StateStore(folder).load(f"device-{d}")
+        assert sorted(here) == sorted(devices[d]), d
+        for key, value in devices[d].items():
+            np.testing.assert_allclose(here[key], value, rtol=1e-5, atol=1e-6, err_msg=f"device {d}: {key}")
+
+
+def test_four_tier_bhfl_matches_in_process(tmp_path: Path) -> None:
+    """Root -> 2 -> 4 -> 8 devices, every inner node on a host of its own, B-HFL with proxy training,
+    residual edges and Adam upward: the root's, every node's and every device's models are those
+    of runtime=inprocess."""
+    overrides = ["algorithm=bhfl", "topology=tree", "topology.fanout=[2,2,2]", "dataset.max_samples=200",
+                 "dataset.proxy_fraction=0.2", "algorithm.proxy_samples=[40,20,0]", "algorithm.residual_down=true",
+                 "algorithm.residual_up_k=1", "algorithm.up.optimizer=adam", "algorithm.up.lr=0.5", "global_rounds=2",
+                 "eval_every=2", "algorithm.level_rounds=[1,1,2]",
+                 "algorithm.local_steps=5", "dataset.batch_size=32", "runtime.torch_threads=1"]
+    run_dir, dep = deployed(tmp_path, overrides)
+    assert len(dep.inner) == 6
+    sim_dir = simulated(tmp_path, overrides)
+    assert_same_run(run_dir, sim_dir)
+    assert_same_states(dep, run_dir, sim_dir)
 
 
 def test_tls_deployment_matches_simulation(tmp_path: Path) -> None:

@@ -46,8 +46,8 @@ class NodeBridge(NumPyClient):
         self.timeout = timeout
 
     def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
-        if config.get("stop") and self.box.server_alive():
-            self._ask("stop", [], dict(config))
+        if config.get("stop") and self.box.server_alive():  # posted, not awaited: the node server passes it on
+            self.box.post(request_name("stop", dict(config)), Letter("stop", [], dict(config)))
         return {"path": self.path, "level": self.path.count(".") + 1}
 
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:

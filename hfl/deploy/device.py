@@ -12,6 +12,7 @@ Node config (``flower-supernode --node-config``):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from hfl.config.checks import load_module
 from hfl.data import DeviceData
 from hfl.models import build_model
 from hfl.runtime.build import device_classes, device_data, device_runtime, federation_for, model_classes
-from hfl.state.store import StateStore
+from hfl.state.store import StateStore, atomic_savez
 from hfl.device.training import LocalTrainer
 
 DEFAULT_STATE_DIR = Path.home() / ".cache" / "hfl" / "device-state"
@@ -51,7 +52,21 @@ class DeployedDevice(NumPyClient):
         return result
 
     def evaluate(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[float, int, dict[str, Scalar]]:
-        return self.inner.evaluate(parameters, config)
+        """One model (the config says which), or with ``targets`` (hfl.deploy.grid.evaluate_targets_together)
+        several in one message: per target i its ``t{i}_loss``, ``t{i}_n`` and ``t{i}_correct``."""
+        if "targets" not in config:
+            return self.inner.evaluate(parameters, config)
+        layout = json.loads(str(config["targets"]))
+        if not layout or sum(count for count, _ in layout) != len(parameters):
+            raise ValueError(f"evaluation targets {config['targets']} do not match the {len(parameters)} arrays sent")
+        metrics: dict[str, Scalar] = {"device_id": self.inner.device.device_id}
+        offset, first = 0, None
+        for i, (count, target_config) in enumerate(layout):
+            loss, n, reply = self.inner.evaluate(parameters[offset:offset + count], target_config)
+            offset += count
+            metrics.update({f"t{i}_loss": loss, f"t{i}_n": n, f"t{i}_correct": reply["correct"]})
+            first = first or (loss, n)
+        return first[0], first[1], metrics
 
 
 def load_device_data(path: str | Path, device_id: int) -> tuple[DeviceData, int]:
@@ -78,23 +93,45 @@ def export_device_data(cfg: Mapping, device_id: int, path: str | Path) -> None:
              y_test=d.y_test.numpy(), num_classes=np.array(fed.num_classes))
 
 
+def partition(cfg: Mapping, device_id: int, folder: Path) -> tuple[DeviceData, int, tuple, list[int] | None]:
+    """The device's partition of the configured federation as a node builds it in simulation
+    (hfl.runtime.build.build_node: local labels too), its model's output size, input shape and
+    classes. Kept in ``folder`` after the first message: Flower starts a process per message, and
+    building the federation each time would cost more than the message's work."""
+    path = folder / f"partition-{device_id}.npz"
+    try:
+        with np.load(path) as f:
+            tensors = {k: torch.from_numpy(f[k]) for k in ("x_train", "y_train", "x_test", "y_test", "x_val", "y_val")}
+            classes = [int(c) for c in f["classes"]] if bool(f["has_classes"]) else None
+            return (DeviceData(device_id, **tensors), int(f["num_classes"]), tuple(int(d) for d in f["input_shape"]),
+                    classes)
+    except (OSError, KeyError, ValueError):
+        pass  # none yet, or unreadable: built again
+    fed = federation_for(cfg)
+    if not 0 <= device_id < len(fed.devices):
+        raise ValueError(f"device-id {device_id} does not exist: the federation has {len(fed.devices)} devices")
+    data, num_classes = device_data(cfg, fed, device_id), model_classes(cfg, fed)
+    classes = device_classes(fed, device_id) if cfg["algorithm"].get("local_labels", False) else None
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_savez(path, **{k: getattr(data, k).numpy() for k in ("x_train", "y_train", "x_test", "y_test", "x_val", "y_val")},
+                 num_classes=np.array(num_classes), input_shape=np.array(fed.input_shape),
+                 classes=np.array(classes or [], dtype=np.int64), has_classes=np.array(classes is not None))
+    return data, num_classes, tuple(fed.input_shape), classes
+
+
 def device_client(cfg: Mapping, node_config: Mapping[str, Scalar], state_key: str) -> DeployedDevice:
     torch.set_num_threads(int(cfg["runtime"]["torch_threads"]))
     if "device-id" not in node_config:
         raise ValueError('a device SuperNode needs device-id in its node config (--node-config "role=\'device\' device-id=N")')
     device_id = int(node_config["device-id"])
+    state_folder = Path(str(node_config.get("state-dir") or DEFAULT_STATE_DIR)) / state_key
     if node_config.get("data-path"):
         data, num_classes = load_device_data(str(node_config["data-path"]), device_id)
         input_shape = tuple(data.x_train.shape[1:])
         classes = None
     else:
-        fed = federation_for(cfg)
-        if not 0 <= device_id < len(fed.devices):
-            raise ValueError(f"device-id {device_id} does not exist: the federation has {len(fed.devices)} devices")
-        # As a node builds its devices in simulation (hfl.runtime.build.build_node): local labels too.
-        data, num_classes, input_shape = device_data(cfg, fed, device_id), model_classes(cfg, fed), fed.input_shape
-        classes = device_classes(fed, device_id) if cfg["algorithm"].get("local_labels", False) else None
+        data, num_classes, input_shape, classes = partition(cfg, device_id, state_folder)
     trainer = LocalTrainer(build_model(cfg["model"], input_shape, num_classes))
-    store = StateStore(Path(str(node_config.get("state-dir") or DEFAULT_STATE_DIR)) / state_key)
+    store = StateStore(state_folder)
     device = device_runtime(cfg, device_id, data, trainer, store, classes)
     return DeployedDevice(load_module(cfg["algorithm"], "client").make_client(device), store)

@@ -11,6 +11,7 @@ Flower's sleeps. Messages are the legacy ones (``fitins``/``evaluateins`` record
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,8 @@ from flwr.app import Message, RecordDict
 from flwr.app.message_type import MessageType
 from flwr.common import (
     Code,
+    Status,
+    ndarrays_to_parameters,
     DisconnectRes,
     EvaluateIns,
     EvaluateRes,
@@ -204,3 +207,32 @@ class GridClientManager(SimpleClientManager):
                 return False
             time.sleep(0.1)
         return True
+
+
+def evaluate_targets_together(manager: SimpleClientManager, asks: list[tuple[Any, dict]]) -> list[tuple[list, int]]:
+    """``hfl.node.client.EvaluateTargets`` for remote devices: every target model in one message per
+    device (``targets``: per target its array count and config; hfl.deploy.device answers each), so
+    an evaluation starts one ClientApp process per device, not one per device and target."""
+    from hfl.node.payload import decode, payload_nbytes
+
+    children = sorted(manager.all().values(), key=lambda p: p.cid)
+    arrays: list = []
+    layout = []
+    for params, config in asks:
+        part = decode(params)
+        layout.append([len(part), config])
+        arrays.extend(part)
+    packed = ndarrays_to_parameters(arrays)
+    ins = EvaluateIns(packed, {"targets": json.dumps(layout)})
+    results = _together([(p, ins) for p in children], compat.evaluateins_to_recorddict, MessageType.EVALUATE,
+                        compat.recorddict_to_evaluateres, lambda proxy, i: proxy.evaluate(i, None, None))
+    per_target: list[list[tuple[str, EvaluateRes]]] = [[] for _ in asks]
+    for proxy, res in zip(children, results, strict=True):
+        if isinstance(res, BaseException) or res.status.code != Code.OK:
+            log.warning("child %s did not evaluate: %s", proxy.cid, res if isinstance(res, BaseException) else res.status)
+            continue
+        m = res.metrics
+        for i, replies in enumerate(per_target):
+            replies.append((proxy.cid, EvaluateRes(Status(Code.OK, ""), float(m[f"t{i}_loss"]), int(m[f"t{i}_n"]),
+                                                   {"device_id": m["device_id"], "correct": m[f"t{i}_correct"]})))
+    return [(replies, len(children) * payload_nbytes(params)) for replies, (params, _) in zip(per_target, asks, strict=True)]

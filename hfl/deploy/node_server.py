@@ -24,7 +24,15 @@ from flwr.compat.common import recorddict_compat as compat
 from flwr.server.client_proxy import ClientProxy
 from flwr.serverapp.grid import Grid
 
-from hfl.deploy.grid import INTERVAL, ChildFailed, GridProxy, evaluate_together, exchange, fit_together
+from hfl.deploy.grid import (
+    INTERVAL,
+    ChildFailed,
+    GridProxy,
+    evaluate_targets_together,
+    evaluate_together,
+    exchange,
+    fit_together,
+)
 from hfl.deploy.mailbox import Letter, Mailbox
 from hfl.state.store import StateStore
 
@@ -61,7 +69,9 @@ class Children:
             return f"{int(props['device_id']):06d}" if "device_id" in props else None
         return str(props["path"]) if "path" in props else None
 
-    def refresh(self) -> None:
+    def refresh(self, timeout: float = 120.0) -> None:
+        """Ask nodes not seen before who they are (``timeout``: for their answers; a ClientApp
+        process starting on a busy host takes seconds)."""
         online = set(self.grid.get_node_ids())
         for name, node in list(self.nodes.items()):
             if node not in online:
@@ -71,7 +81,7 @@ class Children:
             return
         messages = [GridProxy("?", n, self.grid).message(compat.getpropertiesins_to_recorddict(GetPropertiesIns({})),
                                                          MessageTypeLegacy.GET_PROPERTIES) for n in new]
-        for node, reply in zip(new, exchange(self.grid, messages, self.wait_seconds, self.interval), strict=True):
+        for node, reply in zip(new, exchange(self.grid, messages, timeout, self.interval), strict=True):
             if isinstance(reply, ChildFailed):
                 log.warning("node %s did not say who it is: %s", node, reply)
                 continue  # asked again at the next refresh
@@ -88,7 +98,7 @@ class Children:
         the others as absent (their calls fail and are counted)."""
         deadline = time.monotonic() + self.wait_seconds
         while True:
-            self.refresh()
+            self.refresh(max(self.wait_seconds, 120.0))
             if len(self.nodes) == len(self.expected) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
@@ -119,10 +129,18 @@ def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
         raise ValueError(f"node path {path!r} is no inner node of the topology (depth {tree.depth})")
     runtime = cfg["runtime"]
     lowest = tree.is_lowest(path)
+    # The ServerApp's output goes to Flower's run log; the host's operator reads this file.
+    handler = logging.FileHandler(work / "node.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    logging.getLogger().setLevel(logging.INFO)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per pull otherwise
     holds = ({f"{d:06d}": frozenset([d]) for d in tree.devices(path)} if lowest
              else {c: frozenset(tree.devices_under(c)) for c in tree.children(path)})
+    # A device's reply is late after team_round_timeout; a child node's after team_run_timeout (its whole call).
+    timeout = runtime.get("team_round_timeout") if lowest else runtime.get("team_run_timeout")
     children = Children(grid, holds, devices=lowest, wait_seconds=float(runtime.get("device_wait_seconds", 60)),
-                        timeout=runtime.get("team_round_timeout"))
+                        timeout=timeout)
     store = StateStore(work / "state")
     stop = threading.Event()
     threading.Thread(target=_beat, args=(box, stop), daemon=True).start()
@@ -138,13 +156,15 @@ def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
             last = time.monotonic()
             name = pending[0]
             letter = box.request(name)
+            log.info("node %s: %s %s", path, letter.action, name)
             if letter.action == "stop":
                 _stop_children(children)
                 box.answer(name, Letter("stop", [], {}))
                 return
             box.answer(name, _handle(letter, lambda: node_client(
                 cfg, path, store, children.proxies(), holds,
-                fit_many=fit_together, evaluate_many=evaluate_together)))
+                fit_many=fit_together, evaluate_many=evaluate_together, evaluate_targets=evaluate_targets_together)))
+            log.info("node %s: answered %s", path, name)
     finally:
         stop.set()
 

@@ -24,6 +24,8 @@ def serve_root(grid: Grid, context: Context, cfg: Mapping, out: Path) -> None:
     from hfl.output import tracking
     from hfl.runtime.apps import build_global_strategy
 
+    # The root's state lives with its outputs (compose_config points state_dir at a temporary folder).
+    cfg = {**cfg, "runtime": {**cfg["runtime"], "state_dir": None}}
     tracker = tracking.begin(tracking.open_tracker(cfg.get("logger"), out), cfg)
     strategy = build_global_strategy(cfg, out, tracker=tracker)
     manager = GridClientManager(grid)

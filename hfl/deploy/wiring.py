@@ -8,17 +8,20 @@ host's bridge toward its parent; ``role="device"`` a device.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
-from flwr.client import Client
-from flwr.common import Context
+from flwr.client import Client, NumPyClient
+from flwr.common import Context, NDArrays, Scalar
 
 from hfl.deploy.bridge import NodeBridge, submit_node_server
 from hfl.deploy.control import ControlClient
-from hfl.deploy.device import device_client
+from hfl.deploy.device import DEFAULT_STATE_DIR, device_client
 from hfl.deploy.mailbox import Mailbox
+from hfl.state.store import atomic_write_bytes
 
 TIERS = ("global", "node")
 ROLES = ("node", "team", "device")
@@ -55,7 +58,7 @@ def node_path(node: Mapping) -> str:
     raise ValueError("a node host's bridge SuperNode needs path (or team-id) in its node config")
 
 
-def bridge_client(cfg: Mapping, context: Context) -> Client:
+def bridge_client(cfg: Mapping, context: Context) -> NodeBridge:
     node = context.node_config
     path = node_path(node)
     superlink = node.get("node-superlink") or node.get("team-superlink")
@@ -70,13 +73,64 @@ def bridge_client(cfg: Mapping, context: Context) -> Client:
     link = ControlClient(str(superlink), ca, work_dir / "flwr-home", app_dir)
     start = submit_node_server(link, path, str(context.run_config.get("overrides", "")), key, work_dir)
     timeout = float(cfg["runtime"].get("team_run_timeout", 3600))
-    return NodeBridge(path, Mailbox(work_dir / key), start, timeout).to_client()
+    return NodeBridge(path, Mailbox(work_dir / key), start, timeout)
 
 
-def deployed_client(cfg: Mapping, context: Context) -> Client:
-    torch.set_num_threads(int(cfg["runtime"]["torch_threads"]))
-    role = context.node_config.get("role")
+class Deferred(NumPyClient):
+    """A deployed SuperNode's client that says who it is from its node config alone and builds
+    the real client (composing the config, loading data) only for any other message: Flower starts
+    a ClientApp process per message, and a node server asks every new child who it is."""
+
+    def __init__(self, properties: dict[str, Scalar], build: Callable[[], NumPyClient]) -> None:
+        self.properties = properties
+        self.build = build
+
+    def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
+        return self.build().get_properties(config) if config else dict(self.properties)
+
+    def get_parameters(self, config: dict[str, Scalar]) -> NDArrays:
+        return self.build().get_parameters(config)
+
+    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        return self.build().fit(parameters, config)
+
+    def evaluate(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[float, int, dict[str, Scalar]]:
+        return self.build().evaluate(parameters, config)
+
+
+def cached_config(folder: Path, overrides: str, compose: Callable[[], Mapping]) -> Mapping:
+    """The experiment's configuration, composed once per host and experiment and then read back:
+    Flower starts a process per message, and Hydra's compose costs about a second each time."""
+    path = folder / f"config-{hashlib.sha1(overrides.encode()).hexdigest()[:12]}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    cfg = compose()
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, json.dumps(cfg).encode())
+    return cfg
+
+
+def deployed_client(context: Context, config: Callable[[], Mapping]) -> Client:
+    """A node host's bridge or a device; ``config()`` composes the experiment's configuration."""
+    node = context.node_config
+    role = node.get("role")
     check_role(tier_of(context), role)
+
+    bridge = role in ("node", "team")
+    folder = Path(str(node.get("work-dir") if bridge else node.get("state-dir") or DEFAULT_STATE_DIR)) / state_key(context)
+
+    def build() -> NumPyClient:
+        cfg = cached_config(folder, str(context.run_config.get("overrides", "")), config)
+        torch.set_num_threads(int(cfg["runtime"]["torch_threads"]))
+        if role in ("node", "team"):
+            return bridge_client(cfg, context)
+        return device_client(cfg, node, state_key(context))
+
     if role in ("node", "team"):
-        return bridge_client(cfg, context)
-    return device_client(cfg, context.node_config, state_key(context)).to_client()
+        path = node_path(node)
+        return Deferred({"path": path, "level": path.count(".") + 1}, build).to_client()
+    if "device-id" not in node:
+        raise ValueError('a device SuperNode needs device-id in its node config (--node-config "role=\'device\' device-id=N")')
+    return Deferred({"device_id": int(node["device-id"])}, build).to_client()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from flwr.client import NumPyClient
-from flwr.common import NDArrays, Scalar
+from flwr.common import EvaluateRes, NDArrays, Scalar
 from flwr.server.client_manager import SimpleClientManager
 
 from hfl.algorithm import ServerRule, model_from_state, model_state
@@ -65,6 +65,10 @@ def node_key(path: str) -> str:
     return f"node-{path or 'root'}"
 
 
+# (children, [(parameters, config) per target]) -> per target, the replies and the bytes sent
+EvaluateTargets = Callable[[SimpleClientManager, list[tuple[LocalParameters, dict]]],
+                           list[tuple[list[tuple[str, EvaluateRes]], int]]]
+
 # make_rule(parent payload, stored node state or None, the call's round path) -> the
 # algorithm's server rule for one call (hfl.algorithm)
 RuleFactory = Callable[[Payload, dict[str, np.ndarray] | None, str], ServerRule]
@@ -112,6 +116,7 @@ class NodeClient(NumPyClient):
         fit_many: FitMany = fit_one_by_one,
         evaluate_many: EvaluateMany = evaluate_children,
         min_fit_fraction: float = 1.0,
+        evaluate_targets: EvaluateTargets | None = None,
     ) -> None:
         self.spec = spec
         self.children = children
@@ -127,6 +132,8 @@ class NodeClient(NumPyClient):
         self.fit_many = fit_many  # how a round's children are called (a lowest node's devices may be batched)
         self.evaluate_many = evaluate_many  # likewise for evaluation (hfl.accel.batched.BatchedEvaluate)
         self.min_fit_fraction = min_fit_fraction  # of the children asked, the usable replies a round needs
+        # Every target model to every device at once (a deployment: one message per device, not per target).
+        self.evaluate_targets = evaluate_targets
 
     def _asked_children(self, children: list, config: dict[str, Scalar], round_path: str, server_round: int) -> list:
         """The children a round asks: those holding a device the root drew (sampling=devices),
@@ -253,10 +260,14 @@ class NodeClient(NumPyClient):
             targets["pm"] = models[f"level{self.spec.level}"] if samples else []
             config["pm"] = {"fallback": True} if samples else {}
         report: dict[str, Scalar] = {}
-        for target, arrays in targets.items():
-            sent = LocalParameters(arrays)  # batched devices read the arrays; bytes only if they leave
-            replies, moved = self.evaluate_many(self.children, sent,
-                                                {"model": DEVICE_MODEL.get(target, "team"), **config.get(target, {})})
+        # batched devices read the arrays; bytes only if they leave
+        asks = [(LocalParameters(arrays), {"model": DEVICE_MODEL.get(target, "team"), **config.get(target, {})})
+                for target, arrays in targets.items()]
+        if self.evaluate_targets is not None:
+            answers = self.evaluate_targets(self.children, asks)
+        else:
+            answers = [self.evaluate_many(self.children, sent, ask) for sent, ask in asks]
+        for target, (replies, moved) in zip(targets, answers, strict=True):
             metrics[f"bytes_down_level{self.spec.level}"] += moved
             rows = [DeviceScore(int(r.metrics["device_id"]), int(r.metrics["correct"]), r.num_examples, r.loss)
                     for _, r in replies]

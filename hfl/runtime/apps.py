@@ -180,10 +180,9 @@ class _ServerApp(ServerApp):
 
 server_app = _ServerApp(server_fn=_flwr_server_fn)
 def _flwr_client_fn(context: Context) -> Client:
-    cfg = _context_config(context)
     if context.node_config.get("role") is None and tier_of(context) == "global":
-        return team_client(cfg, context)  # simulation: a team node with its devices in-process
-    return deployed_client(cfg, context)
+        return team_client(_context_config(context), context)  # simulation: a level-1 node with its subtree
+    return deployed_client(context, lambda: _context_config(context))
 
 
 client_app = ClientApp(client_fn=_flwr_client_fn)

@@ -34,7 +34,7 @@ from hfl.node.payload import Payload
 from hfl.seed import derive_seed
 from hfl.state.store import StateStore
 from hfl.tree.shape import Tree, child_path, level_of
-from hfl.node.client import NodeClient, NodeSpec
+from hfl.node.client import EvaluateTargets, NodeClient, NodeSpec
 from hfl.device.training import BatchSampler, LocalTrainer, to_ndarrays
 
 
@@ -293,7 +293,8 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
 
 def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list, holds: Mapping[str, frozenset[int]],
                 persist: Callable[[], None] = lambda: None, fit_many: FitMany = fit_one_by_one,
-                evaluate_many: EvaluateMany = evaluate_children) -> NodeClient:
+                evaluate_many: EvaluateMany = evaluate_children,
+                evaluate_targets: EvaluateTargets | None = None) -> NodeClient:
     """The engine's node at ``path`` over ``proxies`` (its children: in this process, or remote
     ones in a deployment, hfl.deploy.node_server), ``holds`` naming the devices under each."""
     fed = federation_for(cfg)
@@ -317,7 +318,7 @@ def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list, holds
                       level_models=bool(alg.get("level_models", True)),
                       evaluation_context=server.evaluation_context,
                       fit_many=fit_many, evaluate_many=evaluate_many,
-                      min_fit_fraction=float(alg.get("min_fit_fraction", 1.0)))
+                      min_fit_fraction=float(alg.get("min_fit_fraction", 1.0)), evaluate_targets=evaluate_targets)
 
 
 def build_team_node(cfg: Mapping, team_id: int, state_dir: str | Path) -> NodeClient:
