@@ -323,7 +323,8 @@ def _load_vision(cfg: Mapping, name: str):
         mean, std = _normalize(cfg, spec.input_shape[0])
     x, y = vision.load(name, root, download)
     if y.size and (y.min() < 0 or y.max() >= spec.num_classes):
-        raise ValueError(f"{name}: labels outside 0..{spec.num_classes - 1} in {root}")
+        raise ConfigError("dataset.root", f"{name}: labels outside 0..{spec.num_classes - 1} in {root}; its label "
+                                          "files are damaged or of another dataset")
     if per_feature:
         return x, y, spec.input_shape, spec.num_classes, None, vision.per_feature_standardizer(x)
     return x, y, spec.input_shape, spec.num_classes, None, lambda a: vision.to_float(a, mean, std)

@@ -14,12 +14,13 @@ from collections.abc import Callable
 import gzip
 import logging
 import pickle
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from hfl.errors import DatasetNotFoundError
+from hfl.errors import ConfigError, DatasetNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +84,27 @@ def _read_bytes(path: Path) -> bytes:
     return gzip.decompress(data) if path.suffix == ".gz" else data
 
 
+def _damaged(path: Path, exc: BaseException) -> ConfigError:
+    """A file of the dataset that cannot be read, named, with what to do."""
+    why = str(exc).removeprefix(f"{path}: ") or type(exc).__name__
+    if isinstance(exc, EOFError | zlib.error | gzip.BadGzipFile):
+        why = f"a damaged or truncated gzip file ({why})"
+    return ConfigError("dataset.root", f"{path}: cannot be read: {why}; replace it with an intact copy (or delete "
+                                       "it and set dataset.download=true to fetch it again)")
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    try:
+        return parse_idx(_read_bytes(path), str(path))
+    except (gzip.BadGzipFile, EOFError, zlib.error, ValueError) as exc:  # other OSErrors: hfl.errors.user_error
+        raise _damaged(path, exc) from exc
+
+
 def _read_idx_split(files: list[Path], transposed: bool) -> tuple[np.ndarray, np.ndarray]:
-    images = parse_idx(_read_bytes(files[0]), str(files[0]))
-    labels = parse_idx(_read_bytes(files[1]), str(files[1]))
+    images, labels = _read_idx(files[0]), _read_idx(files[1])
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-        raise ValueError(f"{files[0]} / {files[1]}: images {images.shape} do not match labels {labels.shape}")
+        raise ConfigError("dataset.root", f"{files[0]} / {files[1]}: images {images.shape} do not match labels "
+                                          f"{labels.shape}; replace them with an intact pair")
     if transposed:
         images = images.transpose(0, 2, 1)
     return images[:, None, :, :], labels.astype(np.int64)
@@ -96,10 +113,13 @@ def _read_idx_split(files: list[Path], transposed: bool) -> tuple[np.ndarray, np
 def _read_cifar_split(files: list[Path]) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = [], []
     for path in files:
-        with path.open("rb") as f:
-            entry = pickle.load(f, encoding="latin1")
-        xs.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-        ys.append(np.asarray(entry["labels"], dtype=np.int64))
+        try:
+            with path.open("rb") as f:
+                entry = pickle.load(f, encoding="latin1")
+            xs.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+            ys.append(np.asarray(entry["labels"], dtype=np.int64))
+        except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise _damaged(path, exc) from exc
     return np.concatenate(xs), np.concatenate(ys)
 
 
@@ -120,10 +140,10 @@ def load_from_disk(name: str, root: Path) -> tuple[np.ndarray, np.ndarray]:
             log.warning("%s %s split is incomplete (missing %s); skipping it", name, split, ", ".join(missing))
     if not parts:
         raise DatasetNotFoundError(
-            f"dataset.root: no {name} split found under {root}; looked for:\n  "
-            + "\n  ".join(tried)
-            + "\nPoint dataset.root at the folder that contains "
-            f"'{spec.folder}/', or set dataset.download=true to fetch it with torchvision."
+            f"dataset.root: no {name} split found under {root}; looked for: "
+            + ", ".join(tried)
+            + "; point dataset.root at the folder that contains "
+            f"'{spec.folder}/', or set dataset.download=true to fetch it with torchvision"
         )
     x = np.concatenate([p[0] for p in parts])
     y = np.concatenate([p[1] for p in parts])
@@ -159,7 +179,15 @@ def download(name: str, root: Path) -> tuple[np.ndarray, np.ndarray]:
 def load(name: str, root: str | Path, download_missing: bool) -> tuple[np.ndarray, np.ndarray]:
     """Pooled uint8 images and int64 labels of ``name`` (a key of :data:`SPECS`)."""
     root = Path(root).expanduser().absolute()  # relative roots: against the working directory
-    return download(name, root) if download_missing else load_from_disk(name, root)
+    if not download_missing:
+        return load_from_disk(name, root)
+    try:
+        return download(name, root)
+    except (OSError, RuntimeError) as exc:  # offline (URLError is an OSError), or torchvision's failed md5 check
+        if isinstance(exc, OSError) and getattr(exc, "filename", None):
+            raise  # a file system error on the root: hfl.errors.user_error names the path
+        raise ConfigError("dataset.download", f"could not fetch {name} into {root} ({' '.join(str(exc).split())}); "
+                                              "put its files there by hand and set dataset.download=false") from exc
 
 
 def to_float(images: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:

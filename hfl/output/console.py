@@ -8,7 +8,10 @@ console shows:
 * records marked with ``extra={SHOW: mode}`` in that mode only ("run": a single run,
   "multirun": a job of ``-m``, "file": never);
 * warnings and errors of hfl's own loggers (hfl, strategies, clients);
-* errors of any other logger (a Flower crash must be seen);
+* errors of any other logger (a Flower crash must be seen); while ``errors_held`` is in force
+  they and the nodes' warnings wait for the run to go on (shown before its next round line) or
+  to end, and are left to the file when the run ends in an error that explains them (one line,
+  not a page of tracebacks);
 * with ``runtime.verbose=true``, everything, formatted as Hydra does.
 
 A record with ``extra={ROUND: r}`` ends global round r and moves the progress bar.
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -153,6 +156,7 @@ class ConsoleHandler(logging.Handler):
         self.setFormatter(logging.Formatter(HYDRA_FORMAT))
         self._progress: Progress | None = None
         self._task = None
+        self._held: list[logging.LogRecord] | None = None  # other loggers' errors, while errors_held
 
     def shows(self, record: logging.LogRecord) -> bool:
         if self.mode == "verbose":
@@ -179,8 +183,13 @@ class ConsoleHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            if getattr(record, ROUND, None) is not None and self._progress is not None:
-                self._progress.update(self._task, completed=getattr(record, ROUND))
+            if self._held is not None and self._holds(record):
+                self._held.append(record)
+                return
+            if getattr(record, ROUND, None) is not None:
+                self._release()  # the run went on after them
+                if self._progress is not None:
+                    self._progress.update(self._task, completed=getattr(record, ROUND))
             if self.shows(record):
                 self.console.print(self.render(record))
         except Exception:  # noqa: BLE001 - logging's convention: report, never raise
@@ -201,6 +210,38 @@ class ConsoleHandler(logging.Handler):
                 yield
             finally:
                 self._progress = self._task = None
+
+    @contextmanager
+    def errors_held(self, explained: Callable[[BaseException], bool]) -> Iterator[None]:
+        """Other loggers' errors (Flower's, Ray's: a team's failure with its traceback) and the
+        nodes' warnings wait while the block runs: shown at the next round line or when the block
+        ends, but left to the log file when it ends in an exception that ``explained`` says its own
+        message covers (a diverged run: every rejected update, then one line)."""
+        self._held = []
+        try:
+            yield
+        except BaseException as exc:
+            if explained(exc):
+                self._held = []
+            raise
+        finally:
+            self._release()
+            self._held = None
+
+    def _holds(self, record: logging.LogRecord) -> bool:
+        """What errors_held keeps back: other loggers' errors, and the nodes' warnings and errors
+        (hfl.node.*: a rejected update, a short round), not hfl's own run-level lines."""
+        if self.mode == "verbose" or getattr(record, SHOW, None) is not None or not self.shows(record):
+            return False
+        return record.name.split(".")[0] not in PROJECT_LOGGERS or "." in record.name
+
+    def _release(self) -> None:
+        with self.lock:  # Flower logs from its own threads
+            held, self._held = self._held, None
+            for record in held or ():
+                self.emit(record)
+            if held is not None:
+                self._held = []
 
     def stop_progress(self) -> None:
         """Take the bar off the terminal now (the cursor shown again): the process is about to end

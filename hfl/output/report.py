@@ -67,6 +67,8 @@ from pathlib import Path
 
 import yaml
 
+from hfl.errors import file_system_message
+
 DASH = "—"
 MODELS = ("pm", "gm")
 CLIENT_MEAN = "client_mean"  # client_mean_accuracy: the devices' PM accuracies, unweighted mean (hfl.node.evaluation)
@@ -208,9 +210,19 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
     return sorted(found)
 
 
+def read_text(path: Path) -> str:
+    """A run's or paper's file as text; one that cannot be read is named (the run is skipped)."""
+    try:
+        return path.read_text()
+    except UnicodeDecodeError:
+        raise fail(f"{path}: not a text file (damaged?)") from None
+    except OSError as exc:
+        raise fail(f"{path}: cannot be read: {exc.strerror or exc}") from None
+
+
 def read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise fail(f"{path}: malformed JSON: {exc}") from None
     if not isinstance(data, dict):
@@ -223,7 +235,7 @@ def read_metrics(path: Path) -> list[dict]:
     if not path.exists():
         return []
     lines = []
-    for number, text in enumerate(path.read_text().splitlines(), start=1):
+    for number, text in enumerate(read_text(path).splitlines(), start=1):
         if not text.strip():
             continue
         try:
@@ -241,7 +253,7 @@ def read_config(run_dir: Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        config = yaml.safe_load(path.read_text())
+        config = yaml.safe_load(read_text(path))
     except yaml.YAMLError as exc:
         raise fail(f"{path}: malformed YAML: {exc}") from None
     return config if isinstance(config, dict) else None
@@ -425,7 +437,7 @@ def load_paper(path: str | Path) -> dict[str, dict[str, dict[str, float | None]]
     if not path.is_file():
         raise fail(f"{path}: paper file not found")
     try:
-        data = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+        data = json.loads(read_text(path)) if path.suffix == ".json" else yaml.safe_load(read_text(path))
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise fail(f"{path}: malformed paper file: {exc}") from None
     shape = 'expected {"dataset/model": {algorithm: {pm: x, gm: y}}} (also pflego, client_mean)'
@@ -634,10 +646,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for message in check_groups(groups) + (check_paper(paper, groups) if paper is not None else []):
         warn(message)
     out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    plots = {key: plot_group(rows, *key, out_dir) for key, rows in groups.items()}
-    markdown = render_markdown(groups, paper, args.title, plots)
-    (out_dir / "report.md").write_text(markdown)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        plots = {key: plot_group(rows, *key, out_dir) for key, rows in groups.items()}
+        markdown = render_markdown(groups, paper, args.title, plots)
+        (out_dir / "report.md").write_text(markdown)
+    except OSError as exc:  # a read-only, full or file-as-directory --out
+        message = file_system_message(exc.errno, str(exc.filename or out_dir), key="--out") if exc.errno else None
+        raise fail(message or f"--out: {out_dir}: {exc}") from None
     print(markdown, end="")
     runs = sum(len(row.runs) for rows in groups.values() for row in rows.values())
     print(f"hfl-report: {runs} runs, {len(groups)} dataset/model group(s); wrote {out_dir / 'report.md'} "

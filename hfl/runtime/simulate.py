@@ -33,14 +33,14 @@ from hfl.runtime.apps import (
     run_meta,
 )
 from hfl.config.checks import validate
-from hfl.errors import ConfigError, DatasetNotFoundError
+from hfl.errors import ConfigError, out_of_space, user_error
 from hfl.node.inprocess import InProcessClientProxy, LockstepServer, client_manager_of
 from hfl.runtime.build import build_team_node, check_tree, federation_for, initial_model
 from hfl.runtime.polling import simulation_polling
 from hfl.output.recorder import Recorder
 from hfl.output.report import load_run
 from hfl.state.lock import RunLock
-from hfl.state.resume import Checkpoint, prepare, state_dir
+from hfl.state.resume import CONFIG as RECORDED_CONFIG, Checkpoint, prepare, state_dir
 
 log = logging.getLogger("hfl")
 ray_actors = logging.getLogger("ray.actors")
@@ -288,16 +288,25 @@ def task(cfg: DictConfig) -> float | None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     rounds = cfg.get("global_rounds")  # not validated yet: a bad value is run()'s to report
     overrides, config_name = list(hydra_cfg.overrides.task), str(hydra_cfg.job.config_name)
+    plain: dict | None = None
     try:
+        plain = OmegaConf.to_container(cfg, resolve=True)
         with interrupts.stop_on_signals(lambda: interrupts.interrupted_line(run_dir, overrides, rounds, config_name), handler), \
-                handler.progress(rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None):
-            summary = run(OmegaConf.to_container(cfg, resolve=True), run_dir)
-    except (ConfigError, DatasetNotFoundError) as exc:
-        # Bad input is the user's to fix: the message, not a traceback (exit status 1); the
-        # console gets it once, from SystemExit.
-        log.error("%s", exc, extra={console.SHOW: "file"})
-        raise SystemExit(f"hfl-simulate: {exc}") from None
-    report_run(run_dir)
+                handler.progress(rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None), \
+                handler.errors_held(lambda exc: user_error(exc, plain, run_dir) is not None):
+            summary = run(plain, run_dir)
+        report_run(run_dir)
+    except Exception as exc:
+        # An error the user can fix (a bad setting or data file, a full disk, an unwritable run
+        # directory, a diverged run): one line, exit status 1; the traceback goes to the log file
+        # (and to the console with runtime.verbose=true). Anything else is a bug: Hydra reports it.
+        line = user_error(exc, plain, run_dir)
+        if line is None:
+            raise
+        if out_of_space(exc) and (run_dir / RECORDED_CONFIG).exists():
+            line += f"; then resume with: {interrupts.resume_command(overrides, run_dir, config_name)}"
+        log.error("%s", line, exc_info=True, extra={console.SHOW: "file"})
+        raise SystemExit(f"hfl-simulate: {line}") from None
     best = summary["best"]
     return best.get("pm_accuracy") or best.get("gm_accuracy")
 
@@ -307,8 +316,10 @@ def main() -> None:
     ``task``. A value of the wrong type or an unknown key is refused while composing, before
     ``task`` starts: printed as one line naming the key, exit status 1, as ``run`` reports
     every other bad value (NaN and infinities included); Hydra's other composition errors (an
-    unknown option) are printed as Hydra words them. ``HYDRA_FULL_ERROR=1`` in the environment
-    keeps Hydra's full report."""
+    unknown option) are printed as Hydra words them; a run directory Hydra cannot create (a file
+    in the way, a read-only or full disk) is named in one line too. ``HYDRA_FULL_ERROR=1`` in the
+    environment keeps Hydra's full report. Errors of the run itself: ``task`` (hfl.errors.user_error);
+    Ctrl-C and SIGTERM: hfl.runtime.interrupts."""
     try:
         _main()
     except KeyboardInterrupt:  # before the run's own handler (interrupts.stop_on_signals) is in place
@@ -318,14 +329,15 @@ def main() -> None:
 def _main() -> None:
     global _full_error_is_ours
     schema.register()
+    logging.raiseExceptions = False  # a log file on a full disk: no '--- Logging error ---' traceback per record
     if os.environ.get(FULL_ERROR):
         task()
         return
     os.environ[FULL_ERROR], _full_error_is_ours = "1", True  # Hydra raises composition errors to us
     try:
         task()
-    except Exception as exc:  # only composition errors get here (the task's own go through Hydra)
-        error = schema.config_error(exc)
+    except Exception as exc:  # composition errors, and Hydra's creating the run directory and its log file
+        error = schema.config_error(exc) or user_error(exc)
         if error is None and not isinstance(exc, CompactHydraException):
             raise
         raise SystemExit(f"hfl-simulate: {error or exc}") from None
