@@ -112,10 +112,6 @@ class _Stop:
         os.dup2(quiet, 2)
         os.close(quiet)
 
-    def die_saying(self, line: str, signum: int) -> None:
-        self.said = line
-        self.die(signum)
-
     def die(self, signum: int) -> None:
         if self.said is None:
             # Read last: on Ray the ServerApp thread may checkpoint a round while Ray is stopped.
@@ -129,11 +125,10 @@ class _Stop:
                 handler.flush()
             except Exception:  # noqa: BLE001, S110
                 pass
-        if self.said is not None:
-            try:
-                os.write(_stderr if _stderr is not None else 2, (self.said + "\n").encode())
-            except OSError:
-                pass
+        try:
+            os.write(_stderr if _stderr is not None else 2, (self.said + "\n").encode())
+        except OSError:
+            pass
         if threading.current_thread() is threading.main_thread():
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
@@ -147,7 +142,7 @@ _current: _Stop | None = None
 def exit_interrupted(line: str, signum: int = signal.SIGINT) -> None:
     """Print ``line`` and end the process by ``signum`` (a Ctrl-C before ``stop_on_signals``
     was in place: while Hydra composes the config)."""
-    _Stop(lambda: line, None).die_saying(line, signum)
+    _Stop(lambda: line, None).die(signum)
 
 
 def shutdown_ray() -> None:
