@@ -142,7 +142,9 @@ _current: _Stop | None = None
 def exit_interrupted(line: str, signum: int = signal.SIGINT) -> None:
     """Print ``line`` and end the process by ``signum`` (a Ctrl-C before ``stop_on_signals``
     was in place: while Hydra composes the config)."""
-    _Stop(lambda: line, None).die(signum)
+    stop = _Stop(lambda: line, None)
+    stop.said = line  # not logged: no run, and maybe no log file yet
+    stop.die(signum)
 
 
 def shutdown_ray() -> None:
