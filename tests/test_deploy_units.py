@@ -228,3 +228,13 @@ def test_every_target_in_one_message_per_device_equals_one_message_per_target(de
         assert sent == sum(len(t) for t in params.tensors)
     with pytest.raises(ValueError, match="do not match the 1 arrays"):
         node.evaluate([gm[0]], {"targets": '[[2, {"model": "global"}]]'})
+
+
+def test_submit_refuses_what_the_tree_does_not_allow_before_connecting(tmp_path) -> None:
+    from hfl.deploy.cli import main
+
+    with pytest.raises(SystemExit) as refused:  # nothing listens on port 1: refused before any connection
+        main(["submit", "--superlink", "127.0.0.1:1", "--output-dir", str(tmp_path), "algorithm=bhfl", "topology=tree",
+              "topology.fanout=[2,2,2]", "algorithm.level_rounds=[1,1,2]"])
+    assert str(refused.value) == ("hfl-deploy: algorithm.level_rounds: has 3 entries; this tree of depth 3 needs 2 "
+                                  "(levels 1..2)")

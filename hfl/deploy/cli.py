@@ -83,7 +83,10 @@ def submit(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if not any(o.startswith("runtime=") for o in overrides):
         overrides.insert(0, "runtime=deployment")
-    compose_config(shlex.join(overrides), 0)
+    from hfl.runtime.build import check_tree, federation_for
+
+    cfg = compose_config(shlex.join(overrides), 0)
+    check_tree(cfg, federation_for(cfg).tree)  # what the algorithm and the tree allow, before anything is sent
     output_dir = Path(args.output_dir)
     if not output_dir.is_absolute():
         raise SystemExit("hfl-deploy submit: --output-dir must be absolute (it is a path on the global host)")

@@ -26,10 +26,10 @@ from hfl.config.checks import load_module
 from hfl.data import DeviceData
 from hfl.models import build_model
 from hfl.runtime.build import device_classes, device_data, device_runtime, federation_for, model_classes
+from hfl.deploy.roles import DEFAULT_STATE_DIR
 from hfl.state.store import StateStore, atomic_savez
 from hfl.device.training import LocalTrainer
 
-DEFAULT_STATE_DIR = Path.home() / ".cache" / "hfl" / "device-state"
 
 
 class DeployedDevice(NumPyClient):

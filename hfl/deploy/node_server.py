@@ -118,7 +118,10 @@ def _beat(box: Mailbox, stop: threading.Event) -> None:
 def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
     """The node server's run: answer the bridge's requests until it says stop (the experiment
     is over) or none comes for ``runtime.team_run_timeout`` seconds."""
+    from hfl.accel.batched import use_runtime_threads
     from hfl.runtime.build import federation_for, node_client
+
+    use_runtime_threads(cfg["runtime"])  # a node's own training (e.g. B-HFL's proxy steps), as in simulation
 
     run_config = context.run_config
     path = str(run_config["path"])

@@ -16,6 +16,7 @@ GLOBAL_PORT = 9092
 TEAM_PORT = 9192
 NODE_PORT = 9094  # a SuperNode's local API; must differ per SuperNode on one host
 
+DEFAULT_STATE_DIR = Path.home() / ".cache" / "hfl" / "device-state"  # a device's state-dir unless set
 BIN = Path(sys.executable).parent  # this interpreter's scripts (a venv need not be on PATH)
 
 

@@ -23,6 +23,12 @@ log = logging.getLogger("hfl")
 def serve_root(grid: Grid, context: Context, cfg: Mapping, out: Path) -> None:
     from hfl.output import tracking
     from hfl.runtime.apps import build_global_strategy
+    from hfl.runtime.build import check_tree, federation_for
+
+    from hfl.accel.batched import use_runtime_threads
+
+    check_tree(cfg, federation_for(cfg).tree)  # as hfl-simulate does (hfl-deploy submit did too)
+    use_runtime_threads(cfg["runtime"])
 
     # The root's state lives with its outputs (compose_config points state_dir at a temporary folder).
     cfg = {**cfg, "runtime": {**cfg["runtime"], "state_dir": None}}

@@ -1,5 +1,7 @@
 """Which role a Flower process plays, from its run config (``tier``) and node config (``role``).
 
+Light to import: Flower starts a process per message, and a bridge's only relays.
+
 Runs: ``tier="global"`` is the experiment's root run (``hfl-deploy submit``); ``tier="node"``
 is a node server (``hfl.deploy.node_server``), one per inner node host and experiment.
 SuperNodes: ``role="node"`` (or ``role="team"``, the level-1 node ``team-id``) is a node
@@ -13,14 +15,13 @@ import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import torch
 from flwr.client import Client, NumPyClient
 from flwr.common import Context, NDArrays, Scalar
 
 from hfl.deploy.bridge import NodeBridge, submit_node_server
 from hfl.deploy.control import ControlClient
-from hfl.deploy.device import DEFAULT_STATE_DIR, device_client
 from hfl.deploy.mailbox import Mailbox
+from hfl.deploy.roles import DEFAULT_STATE_DIR
 from hfl.state.store import atomic_write_bytes
 
 TIERS = ("global", "node")
@@ -123,9 +124,13 @@ def deployed_client(context: Context, config: Callable[[], Mapping]) -> Client:
 
     def build() -> NumPyClient:
         cfg = cached_config(folder, str(context.run_config.get("overrides", "")), config)
-        torch.set_num_threads(int(cfg["runtime"]["torch_threads"]))
-        if role in ("node", "team"):
+        if bridge:  # a bridge imports neither torch nor the engine: it only relays
             return bridge_client(cfg, context)
+        import torch
+
+        from hfl.deploy.device import device_client
+
+        torch.set_num_threads(int(cfg["runtime"]["torch_threads"]))
         return device_client(cfg, node, state_key(context))
 
     if role in ("node", "team"):
