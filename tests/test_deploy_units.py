@@ -238,3 +238,49 @@ def test_submit_refuses_what_the_tree_does_not_allow_before_connecting(tmp_path)
               "topology.fanout=[2,2,2]", "algorithm.level_rounds=[1,1,2]"])
     assert str(refused.value) == ("hfl-deploy: algorithm.level_rounds: has 3 entries; this tree of depth 3 needs 2 "
                                   "(levels 1..2)")
+
+
+@pytest.mark.parametrize("name", ["compose.yaml", "compose.depth3.yaml"])
+def test_compose_files_wire_the_topology_they_submit(name) -> None:
+    """Every service's command is one hfl-deploy accepts; every node host hangs under its parent's
+    host, every device under the lowest node holding it (in the topology the submit service
+    sends), every SuperLink's name is in the certificate, and each host keeps its state in a volume."""
+    import shlex
+    from pathlib import Path
+
+    import yaml
+
+    from hfl.deploy.cli import parser
+    from hfl.runtime.apps import compose_config
+    from hfl.tree.shape import parent_of
+
+    compose = yaml.safe_load((Path(__file__).resolve().parents[1] / "docker" / name).read_text())
+    services = {s: parser().parse_args(spec["command"]) for s, spec in compose["services"].items()}
+    submit = services.pop("submit")
+    overrides = [o for o in submit.overrides if not o.startswith("global_rounds")]
+    tree = federation_for(compose_config(shlex.join([*overrides, "runtime=deployment"]), 0)).tree
+    roots = [s for s, a in services.items() if a.command == "global"]
+    assert len(roots) == 1 and submit.superlink == f"{roots[0]}:{services[roots[0]].port}"
+    host_of = {"": roots[0]}
+    for service, args in services.items():
+        if args.command in ("node", "team"):
+            host_of[args.path if args.command == "node" else str(args.team_id)] = service
+    inner = {p for level in range(1, tree.depth) for p in tree.nodes_at(level)}
+    assert set(host_of) - {""} == inner
+    certified = set(services.pop("certs").name)
+    for service, args in services.items():
+        if args.command == "global":
+            assert args.tls == "/tls" and service in certified
+            continue
+        if args.command == "device":
+            (lowest,) = [p for p in tree.nodes_at(tree.depth - 1) if args.device_id in tree.devices(p)]
+            parent = host_of[lowest]
+        else:
+            path = args.path if args.command == "node" else str(args.team_id)
+            parent = host_of[parent_of(path)]
+            assert args.tls == "/tls" and service in certified
+        assert args.parent.split(":")[0] == parent, service
+        assert args.parent_ca == "/tls/ca.crt"
+        assert any(v.endswith(":/var/lib/hfl") for v in compose["services"][service]["volumes"]), service
+    devices = sorted(a.device_id for a in services.values() if a.command == "device")
+    assert devices == tree.devices_under("")
