@@ -129,7 +129,7 @@ def test_device_data_file_round_trip_and_errors(small_cfg, tmp_path) -> None:
     assert num_classes == fed.num_classes
     assert np.array_equal(data.x_train.numpy(), fed.devices[2].x_train.numpy())
     np.savez(tmp_path / "bad.npz", x_train=np.zeros((2, 3)))
-    with pytest.raises(ValueError, match="lacks num_classes, x_test, y_test, y_train"):
+    with pytest.raises(ValueError, match="lacks y_train, x_test, y_test, num_classes"):
         load_device_data(tmp_path / "bad.npz", 0)
 
 
@@ -284,3 +284,39 @@ def test_compose_files_wire_the_topology_they_submit(name) -> None:
         assert any(v.endswith(":/var/lib/hfl") for v in compose["services"][service]["volumes"]), service
     devices = sorted(a.device_id for a in services.values() if a.command == "device")
     assert devices == tree.devices_under("")
+
+
+GOOD = {"x_train": np.zeros((4, 3), np.float32), "y_train": np.array([0, 1, 2, 1]), "x_test": np.ones((2, 3), np.float32),
+        "y_test": np.array([2, 0]), "num_classes": np.array(3)}
+
+
+@pytest.mark.parametrize(("damage", "problem"), [
+    (lambda d: d, None),
+    (lambda d: {k: v for k, v in d.items() if k != "y_test"}, "lacks y_test"),
+    (lambda d: {**d, "y_train": d["y_train"][:3]}, "x_train has 4 samples but y_train 3 labels"),
+    (lambda d: {**d, "y_test": np.array([2, 3])}, "y_test holds labels outside 0..2"),
+    (lambda d: {**d, "y_train": d["y_train"].astype(np.float32)}, "y_train must be a 1-D integer array"),
+    (lambda d: {**d, "x_test": np.ones((2, 4), np.float32)}, "x_train's samples are (3,) but x_test's (4,)"),
+    (lambda d: {**d, "x_train": np.full((4, 3), np.nan, np.float32)}, "x_train holds NaN"),
+    (lambda d: {**d, "num_classes": np.array([3, 3])}, "num_classes must be one integer"),
+    (lambda d: {**d, "x_train": np.zeros(4, np.float32)}, "x_train must be a numeric array of samples x features"),
+    ("truncated", "cannot be read as npz"),
+    ("missing", "no such file"),
+])
+def test_a_device_refuses_a_bad_data_file_before_connecting(tmp_path, damage, problem) -> None:
+    from hfl.deploy.cli import main
+
+    path = tmp_path / "dev.npz"
+    if damage == "truncated":
+        np.savez(path, **GOOD)
+        path.write_bytes(path.read_bytes()[:100])
+    elif damage != "missing":
+        np.savez(path, **damage(GOOD))
+    argv = ["device", "--device-id", "0", "--parent", "127.0.0.1:1", "--data-path", str(path), "--print"]
+    if problem is None:
+        assert main(argv) == 0  # checked, then only printed
+        return
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    assert str(refused.value).startswith(f"hfl-deploy: device data {path}: {problem}")
+    assert "\n" not in str(refused.value)

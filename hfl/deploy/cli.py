@@ -27,6 +27,7 @@ from pathlib import Path
 
 from hfl.deploy import certs, roles
 from hfl.deploy.control import ControlClient
+from hfl.deploy.datafile import check_data_file
 from hfl.deploy.wiring import PROJECT_DIR
 from hfl.errors import ConfigError
 
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.command in ("global", "node", "team", "device"):
+            if args.command == "device" and args.data_path:
+                check_data_file(args.data_path)  # before its SuperNode connects
             commands = role_commands(args)
             if args.print:
                 print("\n".join(shlex.join(c) for c in commands))
@@ -203,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             ControlClient(args.superlink, args.root_certificates or "", Path(home), PROJECT_DIR) \
                 .register_supernode(Path(args.public_key))
         return 0
-    except (FileNotFoundError, RuntimeError, TimeoutError, ConfigError) as exc:
+    except (FileNotFoundError, RuntimeError, TimeoutError, ValueError, ConfigError) as exc:
         raise SystemExit(f"hfl-deploy: {exc}") from None
 
 

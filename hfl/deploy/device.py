@@ -26,6 +26,7 @@ from hfl.config.checks import load_module
 from hfl.data import DeviceData
 from hfl.models import build_model
 from hfl.runtime.build import device_classes, device_data, device_runtime, federation_for, model_classes
+from hfl.deploy.datafile import check_data_file
 from hfl.deploy.roles import DEFAULT_STATE_DIR
 from hfl.state.store import StateStore, atomic_savez
 from hfl.device.training import LocalTrainer
@@ -70,16 +71,12 @@ class DeployedDevice(NumPyClient):
 
 
 def load_device_data(path: str | Path, device_id: int) -> tuple[DeviceData, int]:
-    """A device's own data file (npz: x_train, y_train, x_test, y_test, num_classes)."""
-    try:
-        with np.load(path) as f:
-            missing = {"x_train", "y_train", "x_test", "y_test", "num_classes"} - set(f.files)
-            if missing:
-                raise ValueError(f"lacks {', '.join(sorted(missing))}")
-            arrays = {k: torch.from_numpy(np.ascontiguousarray(f[k])) for k in ("x_train", "y_train", "x_test", "y_test")}
-            num_classes = int(f["num_classes"])
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"device data {path}: {exc}") from exc
+    """A device's own data file (npz: x_train, y_train, x_test, y_test, num_classes), checked
+    (hfl.deploy.datafile)."""
+    check_data_file(path)
+    with np.load(path) as f:
+        arrays = {k: torch.from_numpy(np.ascontiguousarray(f[k])) for k in ("x_train", "y_train", "x_test", "y_test")}
+        num_classes = int(f["num_classes"])
     data = DeviceData(device_id, arrays["x_train"].float(), arrays["y_train"].long(),
                       arrays["x_test"].float(), arrays["y_test"].long())
     return data, num_classes
