@@ -320,3 +320,39 @@ def test_a_device_refuses_a_bad_data_file_before_connecting(tmp_path, damage, pr
         main(argv)
     assert str(refused.value).startswith(f"hfl-deploy: device data {path}: {problem}")
     assert "\n" not in str(refused.value)
+
+
+def test_supernode_waits_are_capped_only_on_the_flower_it_was_read_against(monkeypatch) -> None:
+    import time as real_time
+
+    import flwr
+    from flwr.supernode import start_client_internal as loop
+
+    from hfl.deploy import supernode
+
+    monkeypatch.setattr(loop, "time", real_time)
+    monkeypatch.setattr(flwr, "__version__", "9.0.0")
+    assert not supernode.shorten_waits(0.01) and loop.time is real_time  # Flower's own loop, untouched
+    monkeypatch.setattr(flwr, "__version__", "1.42.0")
+    assert supernode.shorten_waits(0.01) and isinstance(loop.time, supernode.CappedSleep)
+    slept: list[float] = []
+    monkeypatch.setattr(real_time, "sleep", slept.append)
+    loop.time.sleep(3)  # the idle poll
+    loop.time.sleep(0.001)
+    assert slept == [0.01, 0.001] and loop.time.monotonic is real_time.monotonic  # the rest of `time` is time's
+    (cmd,) = roles.device_role(7, "edge-1:9192")
+    assert cmd[1:3] == ["-m", "hfl.deploy.supernode"]
+
+
+def test_a_device_asked_again_for_a_round_answers_as_before_without_training_again(device) -> None:
+    cfg, fed, node, store = device
+    gm = initial_model(cfg, fed)
+    config = {"alpha": 0.05, "local_steps": 3, "prox_coefficient": 0.5, "round_path": "1.1"}
+    first, n, metrics = node.fit(gm, config)
+    state = store.load("device-0")
+    again, n2, metrics2 = node.fit(gm, config)  # its node server restarted mid-round
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True)) and (n, metrics) == (n2, metrics2)
+    after = store.load("device-0")
+    assert sorted(after) == sorted(state) and all(np.array_equal(after[k], state[k]) for k in state)
+    node.fit(gm, {**config, "round_path": "1.2"})  # the next round trains
+    assert not np.array_equal(store.load("device-0")["personal_0"], state["personal_0"])

@@ -5,7 +5,7 @@ its answer.
 Flower starts a ClientApp process per message, so the bridge keeps nothing in memory: the node
 server is one run on the host's own SuperLink for the whole experiment, started by the first
 bridge that finds none alive (and again if it dies), and the two exchange files
-(``hfl.deploy.mailbox``) polled every 10 ms.
+(``hfl.deploy.mailbox``) polled every 10 to 100 ms.
 
 Node config (``flower-supernode --node-config``):
   role="node"  path="0.1"                 which inner node of the topology this host serves
@@ -31,7 +31,7 @@ from flwr.common import NDArrays, Scalar
 from hfl.deploy.mailbox import Letter, Mailbox, request_name
 
 log = logging.getLogger("hfl")
-POLL = 0.01  # seconds between looks for the node server's reply
+POLL, MAX_POLL = 0.01, 0.1  # seconds between looks for the node server's reply: 10 ms, growing to 0.1 s
 START_SECONDS = 300.0  # a node server not beating this long after its run was submitted failed to start
 
 
@@ -90,6 +90,7 @@ class NodeBridge(NumPyClient):
     def _wait(self, name: str) -> Letter:
         deadline = time.monotonic() + self.timeout
         next_check = time.monotonic() + 2.0
+        wait = POLL
         while True:
             reply = self.box.reply(name)
             if reply is not None:
@@ -100,7 +101,8 @@ class NodeBridge(NumPyClient):
             if now > next_check:  # a node server that died is started again; it answers the request
                 self.ensure_server()
                 next_check = now + 2.0
-            time.sleep(POLL)
+            time.sleep(wait)
+            wait = min(wait * 1.5, MAX_POLL)
 
 
 def submit_node_server(link, path: str, overrides: str, state_key: str, work_dir: Path) -> Callable[[], None]:  # noqa: ANN001

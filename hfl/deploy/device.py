@@ -33,9 +33,24 @@ from hfl.device.training import LocalTrainer
 
 
 
+REPLY = "reply_"  # the last fit's reply, kept beside the device's state (hfl.device.state ignores it)
+
+
+def pack_reply(round_path: str, arrays: NDArrays, n: int, metrics: dict[str, Scalar]) -> dict[str, np.ndarray]:
+    out = {f"{REPLY}round": np.array(round_path), f"{REPLY}n": np.array(n), f"{REPLY}count": np.array(len(arrays)),
+           f"{REPLY}metrics": np.array(json.dumps(metrics))}
+    out.update({f"{REPLY}{i}": np.asarray(a) for i, a in enumerate(arrays)})
+    return out
+
+
+def unpack_reply(stored: dict[str, np.ndarray]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+    arrays = [stored[f"{REPLY}{i}"] for i in range(int(stored[f"{REPLY}count"]))]
+    return arrays, int(stored[f"{REPLY}n"]), json.loads(str(stored[f"{REPLY}metrics"]))
+
+
 class DeployedDevice(NumPyClient):
     """The algorithm's device client on its own host: it says which device it is (its node server
-    asks once) and saves its state after every fit, in its own state directory."""
+    asks once) and saves its state after every fit, in its own state directory, with its reply."""
 
     def __init__(self, inner: DeviceClient, store: StateStore) -> None:
         self.inner = inner
@@ -48,9 +63,21 @@ class DeployedDevice(NumPyClient):
         return self.inner.get_parameters(config)
 
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        result = self.inner.fit(parameters, config)
-        self.inner.device.save(self.store)
-        return result
+        """The algorithm's fit, its state and its reply saved together (one file, replaced at once):
+        a node that asks again for the same round (``round_path``; its node server was restarted
+        mid-round) gets the same reply, and the device does not train twice."""
+        device = self.inner.device
+        asked = str(config.get("round_path", ""))
+        if asked:
+            stored = self.store.load(device.key)
+            if stored is not None and str(stored.get(f"{REPLY}round", "")) == asked:
+                return unpack_reply(stored)
+        arrays, n, metrics = self.inner.fit(parameters, config)
+        state = device.state()
+        if asked:
+            state.update(pack_reply(asked, arrays, n, metrics))
+        self.store.save(device.key, state)
+        return arrays, n, metrics
 
     def evaluate(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[float, int, dict[str, Scalar]]:
         """One model (the config says which), or with ``targets`` (hfl.deploy.grid.evaluate_targets_together)

@@ -2,7 +2,7 @@
 
 The bridge (a ClientApp process Flower starts per message from the parent) posts the parent's
 message as a request; the node server (one long-lived ServerApp run on the host's own
-SuperLink, ``hfl.deploy.node_server``) answers it with a reply; both poll at ~10 ms. A request
+SuperLink, ``hfl.deploy.node_server``) answers it with a reply; both poll every 10 to 100 ms. A request
 is named by what it asks (action and the parent's config), so a message delivered again after a
 restart of either side finds its reply instead of being computed twice. The node server
 touches ``alive`` every second; a bridge that finds it stale starts a new node server.

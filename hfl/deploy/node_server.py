@@ -13,6 +13,7 @@ killed and started again goes on from it.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -145,6 +146,7 @@ def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
     children = Children(grid, holds, devices=lowest, wait_seconds=float(runtime.get("device_wait_seconds", 60)),
                         timeout=timeout)
     store = StateStore(work / "state")
+    (work / "server.pid").write_text(str(os.getpid()))  # for the host's operator (and the restart test)
     stop = threading.Event()
     threading.Thread(target=_beat, args=(box, stop), daemon=True).start()
     idle_limit = float(runtime.get("team_run_timeout", 3600))
@@ -154,7 +156,8 @@ def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
         while time.monotonic() - last < idle_limit:
             pending = box.pending()
             if not pending:
-                time.sleep(0.01)
+                # 10 ms right after an answer (the parent's next request is near), 0.1 s when idle
+                time.sleep(0.01 if time.monotonic() - last < 1.0 else 0.1)
                 continue
             last = time.monotonic()
             name = pending[0]
@@ -164,6 +167,11 @@ def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
                 _stop_children(children)
                 box.answer(name, Letter("stop", [], {}))
                 return
+            if letter.action == "fit":
+                # A node server started again may have saved this round's state before it died:
+                # the round starts over from the state of the round before, as it first did.
+                store.rollback(int(str(letter.config.get("round_path", letter.config.get("global_round", 0)))
+                                   .split(".")[0]) - 1)
             box.answer(name, _handle(letter, lambda: node_client(
                 cfg, path, store, children.proxies(), holds,
                 fit_many=fit_together, evaluate_many=evaluate_together, evaluate_targets=evaluate_targets_together)))

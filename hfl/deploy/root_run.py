@@ -1,6 +1,6 @@
 """The root of a deployment: the engine's root (``hfl.node.root.RootStrategy``, as in simulation)
 driven by Flower's legacy ``Server`` over the level-1 node hosts' bridges, reached through
-``hfl.deploy.grid`` (replies pulled every 20 ms, not Flower's 3 s). When the rounds are done the
+``hfl.deploy.grid`` (replies looked for from 20 ms on, every 0.25 s at most; Flower waits 3 s). When the rounds are done the
 bridges are told to stop their node servers, which tell theirs."""
 
 from __future__ import annotations
