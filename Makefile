@@ -12,7 +12,7 @@ RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 TEST_EXTRAS := dev,docs,track
 
-.PHONY: run test test-fast install lock clean
+.PHONY: run test test-fast test-deploy install lock clean
 
 # pip's own output goes to $(VENV)/install.log (shown only if the install fails).
 $(RUN_STAMP): pyproject.toml $(CONSTRAINTS)
@@ -33,7 +33,11 @@ run: $(RUN_STAMP)
 	@$(VENV)/bin/hfl-simulate experiment=demo $(ARGS)
 
 test: test-fast
-	$(VENV)/bin/python -m pytest -q -m deployment
+	$(VENV)/bin/python -m pytest -q -m "deployment and not slow"
+
+# Every deployment test, the slow ones too (more algorithms, a device killed mid-run): ~8 more minutes.
+test-deploy: $(TEST_STAMP)
+	$(VENV)/bin/python -m pytest -q -m deployment $(ARGS)
 
 test-fast: $(TEST_STAMP)
 	$(VENV)/bin/python -m pytest -q $(ARGS)
