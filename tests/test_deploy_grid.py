@@ -134,3 +134,14 @@ def test_grid_client_manager_follows_the_grids_nodes() -> None:
     with pytest.raises(ChildFailed, match="no reply"):
         grid.down.add(6)
         manager.all()["6"].get_properties(GetPropertiesIns({}), timeout=0.1, group_id=None)
+
+
+def test_a_node_server_counts_the_looks_its_superlink_did_not_answer() -> None:
+    from hfl.deploy.node_server import _superlink_lost
+
+    class Gone:
+        def get_node_ids(self):  # noqa: ANN201
+            raise ConnectionRefusedError("[Errno 111] Connection refused")
+
+    assert _superlink_lost(Gone(), 2) == 3  # the third in a row ends the node server
+    assert _superlink_lost(MemoryGrid({}), 2) == 0

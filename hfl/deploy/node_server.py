@@ -153,7 +153,13 @@ def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
     last = time.monotonic()
     log.info("node %s: serving requests from %s", path, work)
     try:
+        lost, next_look = 0, time.monotonic() + 5.0
         while time.monotonic() - last < idle_limit:
+            if time.monotonic() > next_look:  # a node server whose SuperLink is gone has nobody to serve
+                lost, next_look = _superlink_lost(grid, lost), time.monotonic() + 5.0
+                if lost >= 3:
+                    log.error("node %s: its SuperLink has not answered for 15 s; the node server ends", path)
+                    return
             pending = box.pending()
             if not pending:
                 # 10 ms right after an answer (the parent's next request is near), 0.1 s when idle
@@ -178,6 +184,15 @@ def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
             log.info("node %s: answered %s", path, name)
     finally:
         stop.set()
+
+
+def _superlink_lost(grid: Grid, lost: int) -> int:
+    """How many looks in a row the SuperLink has not answered (0 once it does)."""
+    try:
+        grid.get_node_ids()
+        return 0
+    except Exception:  # noqa: BLE001 - connection refused, run stopped: the reason is in Flower's log
+        return lost + 1
 
 
 def _handle(letter: Letter, make_node) -> Letter:  # noqa: ANN001
