@@ -265,8 +265,7 @@ def test_compose_files_wire_the_topology_they_submit(name) -> None:
     for service, args in services.items():
         if args.command in ("node", "team"):
             host_of[args.path if args.command == "node" else str(args.team_id)] = service
-    inner = {p for level in range(1, tree.depth) for p in tree.nodes_at(level)}
-    assert set(host_of) - {""} == inner
+    assert set(host_of) - {""} == set(tree.inner_paths)
     certified = set(services.pop("certs").name)
     for service, args in services.items():
         if args.command == "global":

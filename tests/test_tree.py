@@ -41,6 +41,7 @@ def test_fanout_2_3_5_shape():
     assert tree.nodes_at(0) == [ROOT]
     assert tree.nodes_at(1) == ["0", "1"]
     assert tree.nodes_at(2) == ["0.0", "0.1", "0.2", "1.0", "1.1", "1.2"]
+    assert tree.inner_paths == ["0", "1", "0.0", "0.1", "0.2", "1.0", "1.1", "1.2"]
     assert tree.children(ROOT) == ["0", "1"] and tree.children("1") == ["1.0", "1.1", "1.2"]
     for path in tree.nodes_at(2):
         assert tree.is_lowest(path) and tree.children(path) == []

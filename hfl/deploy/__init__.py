@@ -1,5 +1,6 @@
-"""Deployment: the same strategies and clients on real SuperLinks and SuperNodes.
+"""Deployment: the same engine on real SuperLinks and SuperNodes, a host per inner node.
 
-Global SuperLink -> team bridges (``bridge``) -> team runs on team SuperLinks
-(``team_run``) -> device SuperNodes (``device``). ``roles`` starts the processes.
+Root's SuperLink (``root_run``) -> node hosts' bridges (``bridge``) -> their node servers
+(``node_server``, the engine's node over ``grid``) -> the next level's bridges, or device
+SuperNodes (``device``). ``roles`` builds the processes' command lines, ``cli`` runs them.
 """

@@ -35,6 +35,11 @@ POLL, MAX_POLL = 0.01, 0.1  # seconds between looks for the node server's reply:
 START_SECONDS = 300.0  # a node server not beating this long after its run was submitted failed to start
 
 
+def node_properties(path: str) -> dict[str, Scalar]:
+    """What a bridge answers "who are you" with (its parent maps Flower node ids to paths by it)."""
+    return {"path": path, "level": path.count(".") + 1}
+
+
 class NodeBridge(NumPyClient):
     """The parent's view of a deployed node: its path, and its fit/evaluate answered by the
     node server. ``start()`` submits a node server run to the host's SuperLink."""
@@ -48,7 +53,7 @@ class NodeBridge(NumPyClient):
     def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
         if config.get("stop") and self.box.server_alive():  # posted, not awaited: the node server passes it on
             self.box.post(request_name("stop", dict(config)), Letter("stop", [], dict(config)))
-        return {"path": self.path, "level": self.path.count(".") + 1}
+        return node_properties(self.path)
 
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         reply = self._ask("fit", parameters, dict(config))

@@ -84,6 +84,25 @@ def exchange(grid: Grid, messages: Sequence[Message], timeout: float | None,
     return out
 
 
+def ask_properties(grid: Grid, node_ids: Sequence[int], config: dict, timeout: float | None,
+                   interval: float = INTERVAL) -> list[dict | ChildFailed]:
+    """``get_properties`` of every node in ``node_ids`` in one exchange: per node its properties
+    or the failure."""
+    content = compat.getpropertiesins_to_recorddict(GetPropertiesIns(dict(config)))
+    messages = [Message(content=content, dst_node_id=n, message_type=MessageTypeLegacy.GET_PROPERTIES, ttl=timeout)
+                for n in node_ids]
+    return [reply if isinstance(reply, ChildFailed) else compat.recorddict_to_getpropertiesres(reply.content).properties
+            for reply in exchange(grid, messages, timeout, interval)]
+
+
+def tell_stop(grid: Grid, node_ids: Sequence[int]) -> None:
+    """Tell node hosts' bridges the experiment is over (their node servers end their runs and
+    tell theirs); a node already gone ends on its own (its idle limit, or its SuperLink gone)."""
+    for node, reply in zip(node_ids, ask_properties(grid, node_ids, {"stop": True}, 30.0), strict=True):
+        if isinstance(reply, ChildFailed):
+            log.warning("could not tell node %s to stop: %s", node, reply)
+
+
 class GridProxy(ClientProxy):
     """A remote child named by its place in the tree (``cid``: a child path, or a device id as
     ``"000042"``), reached at Flower node ``node_id``."""
@@ -173,13 +192,19 @@ def evaluate_together(manager: SimpleClientManager, parameters: Any, config: dic
     results = _together([(p, EvaluateIns(parameters, dict(config))) for p in children], compat.evaluateins_to_recorddict,
                         MessageType.EVALUATE, compat.recorddict_to_evaluateres,
                         lambda proxy, ins: proxy.evaluate(ins, None, None))
-    replies = []
+    return answered(children, results), len(children) * payload_nbytes(parameters)
+
+
+def answered(children: Sequence[ClientProxy], results: Sequence[Any]) -> list[tuple[str, EvaluateRes]]:
+    """The evaluations that came back (cid, reply); a child that is absent or failed is left out
+    with a warning (a real device can die between rounds)."""
+    out = []
     for proxy, res in zip(children, results, strict=True):
         if isinstance(res, BaseException) or res.status.code != Code.OK:
             log.warning("child %s did not evaluate: %s", proxy.cid, res if isinstance(res, BaseException) else res.status)
             continue
-        replies.append((proxy.cid, res))
-    return replies, len(children) * payload_nbytes(parameters)
+        out.append((proxy.cid, res))
+    return out
 
 
 class GridClientManager(SimpleClientManager):
@@ -235,12 +260,9 @@ def evaluate_targets_together(manager: SimpleClientManager, asks: list[tuple[Any
     results = _together([(p, ins) for p in children], compat.evaluateins_to_recorddict, MessageType.EVALUATE,
                         compat.recorddict_to_evaluateres, lambda proxy, i: proxy.evaluate(i, None, None))
     per_target: list[list[tuple[str, EvaluateRes]]] = [[] for _ in asks]
-    for proxy, res in zip(children, results, strict=True):
-        if isinstance(res, BaseException) or res.status.code != Code.OK:
-            log.warning("child %s did not evaluate: %s", proxy.cid, res if isinstance(res, BaseException) else res.status)
-            continue
+    for cid, res in answered(children, results):
         m = res.metrics
         for i, replies in enumerate(per_target):
-            replies.append((proxy.cid, EvaluateRes(Status(Code.OK, ""), float(m[f"t{i}_loss"]), int(m[f"t{i}_n"]),
+            replies.append((cid, EvaluateRes(Status(Code.OK, ""), float(m[f"t{i}_loss"]), int(m[f"t{i}_n"]),
                                                    {"device_id": m["device_id"], "correct": m[f"t{i}_correct"]})))
     return [(replies, len(children) * payload_nbytes(params)) for replies, (params, _) in zip(per_target, asks, strict=True)]

@@ -48,7 +48,7 @@ class Deployment:
     ports: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.inner = [p for level in range(1, self.tree.depth) for p in self.tree.nodes_at(level)]
+        self.inner = self.tree.inner_paths
         names = ["global"] + [f"link-{p}" for p in self.inner] + [f"bridge-{p}" for p in self.inner] + \
             [f"device{d}" for d in self.tree.devices_under("")]
         self.ports = dict(zip(names, free_ports(len(names)), strict=True))

@@ -20,8 +20,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from flwr.app import Context
-from flwr.common import GetPropertiesIns, MessageTypeLegacy
-from flwr.compat.common import recorddict_compat as compat
 from flwr.server.client_proxy import ClientProxy
 from flwr.serverapp.grid import Grid
 
@@ -29,10 +27,11 @@ from hfl.deploy.grid import (
     INTERVAL,
     ChildFailed,
     GridProxy,
+    ask_properties,
     evaluate_targets_together,
     evaluate_together,
-    exchange,
     fit_together,
+    tell_stop,
 )
 from hfl.deploy.mailbox import Letter, Mailbox
 from hfl.state.store import StateStore
@@ -80,13 +79,11 @@ class Children:
         new = sorted(online - set(self.names))
         if not new:
             return
-        messages = [GridProxy("?", n, self.grid).message(compat.getpropertiesins_to_recorddict(GetPropertiesIns({})),
-                                                         MessageTypeLegacy.GET_PROPERTIES) for n in new]
-        for node, reply in zip(new, exchange(self.grid, messages, timeout, self.interval), strict=True):
+        for node, reply in zip(new, ask_properties(self.grid, new, {}, timeout, self.interval), strict=True):
             if isinstance(reply, ChildFailed):
                 log.warning("node %s did not say who it is: %s", node, reply)
                 continue  # asked again at the next refresh
-            name = self._name(compat.recorddict_to_getpropertiesres(reply.content).properties)
+            name = self._name(reply)
             if name not in self.expected:
                 log.warning("ignored Flower node %s: %s is no child of this node", node, name)
                 name = None
@@ -129,7 +126,7 @@ def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
     work = Path(str(run_config["work-dir"])) / str(run_config["state-key"])
     box = Mailbox(work)
     tree = federation_for(cfg).tree
-    if not path or path not in {p for level in range(1, tree.depth) for p in tree.nodes_at(level)}:
+    if path not in tree.inner_paths:
         raise ValueError(f"node path {path!r} is no inner node of the topology (depth {tree.depth})")
     runtime = cfg["runtime"]
     lowest = tree.is_lowest(path)
@@ -213,7 +210,4 @@ def _stop_children(children: Children) -> None:
     if children.devices:
         return
     children.refresh()
-    proxies = [GridProxy(c, n, children.grid, 30.0) for c, n in children.nodes.items()]
-    messages = [p.message(compat.getpropertiesins_to_recorddict(GetPropertiesIns({"stop": True})),
-                          MessageTypeLegacy.GET_PROPERTIES) for p in proxies]
-    exchange(children.grid, messages, 30.0)
+    tell_stop(children.grid, list(children.nodes.values()))

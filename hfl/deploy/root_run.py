@@ -5,27 +5,21 @@ bridges are told to stop their node servers, which tell theirs."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 
 from flwr.app import Context
-from flwr.common import GetPropertiesIns
 from flwr.server import Server, ServerConfig
 from flwr.server.server import run_fl
 from flwr.serverapp.grid import Grid
 
-from hfl.deploy.grid import GridClientManager
-
-log = logging.getLogger("hfl")
-
+from hfl.deploy.grid import GridClientManager, tell_stop
 
 def serve_root(grid: Grid, context: Context, cfg: Mapping, out: Path) -> None:
+    from hfl.accel.batched import use_runtime_threads
     from hfl.output import tracking
     from hfl.runtime.apps import build_global_strategy
     from hfl.runtime.build import check_tree, federation_for
-
-    from hfl.accel.batched import use_runtime_threads
 
     check_tree(cfg, federation_for(cfg).tree)  # as hfl-simulate does (hfl-deploy submit did too)
     use_runtime_threads(cfg["runtime"])
@@ -38,13 +32,4 @@ def serve_root(grid: Grid, context: Context, cfg: Mapping, out: Path) -> None:
     try:
         run_fl(Server(client_manager=manager, strategy=strategy), ServerConfig(num_rounds=int(cfg["global_rounds"])))
     finally:
-        stop_children(manager)
-
-
-def stop_children(manager: GridClientManager) -> None:
-    """Tell every bridge the experiment is over (their node servers end their runs)."""
-    for proxy in manager.all().values():
-        try:
-            proxy.get_properties(GetPropertiesIns({"stop": True}), timeout=30.0, group_id=None)
-        except Exception as exc:  # noqa: BLE001 - a node already gone stops on its idle limit
-            log.warning("could not tell node %s to stop: %s", proxy.cid, exc)
+        tell_stop(grid, [proxy.node_id for proxy in manager.all().values()])

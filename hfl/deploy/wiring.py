@@ -18,7 +18,7 @@ from pathlib import Path
 from flwr.client import Client, NumPyClient
 from flwr.common import Context, NDArrays, Scalar
 
-from hfl.deploy.bridge import NodeBridge, submit_node_server
+from hfl.deploy.bridge import NodeBridge, node_properties, submit_node_server
 from hfl.deploy.control import ControlClient
 from hfl.deploy.mailbox import Mailbox
 from hfl.deploy.roles import DEFAULT_STATE_DIR
@@ -134,8 +134,7 @@ def deployed_client(context: Context, config: Callable[[], Mapping]) -> Client:
         return device_client(cfg, node, state_key(context))
 
     if role in ("node", "team"):
-        path = node_path(node)
-        return Deferred({"path": path, "level": path.count(".") + 1}, build).to_client()
+        return Deferred(node_properties(node_path(node)), build).to_client()
     if "device-id" not in node:
         raise ValueError('a device SuperNode needs device-id in its node config (--node-config "role=\'device\' device-id=N")')
     return Deferred({"device_id": int(node["device-id"])}, build).to_client()

@@ -1,8 +1,8 @@
 """The Flower ServerApp (global server) and ClientApp (team nodes).
 
 ``hfl-simulate`` builds them bound to a Hydra config (``make_server_app``/``make_client_app``);
-``flwr run .`` loads the module-level ``server_app``/``client_app``, which compose the same
-config from the run config's ``overrides`` string.
+``flwr run .`` reaches ``server_app`` and ``_flwr_client_fn`` through ``hfl.app`` (light to
+import), which compose the same config from the run config's ``overrides`` string.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from hfl.accel.batched import use_runtime_threads
 from hfl.algorithm import NodeContext, ServerRule
 from hfl.config.checks import load_server, validate
 from hfl.node.faults import Dropout, dropout_fractions
-from hfl.deploy.wiring import deployed_client, tier_of
+from hfl.deploy.wiring import tier_of
 from hfl.runtime.build import build_team_node, federation_for, initial_model
 from hfl.node.payload import Payload
 from hfl.runtime.polling import PolledServerApp
@@ -180,9 +180,6 @@ class _ServerApp(ServerApp):
 
 server_app = _ServerApp(server_fn=_flwr_server_fn)
 def _flwr_client_fn(context: Context) -> Client:
-    if context.node_config.get("role") is None and tier_of(context) == "global":
-        return team_client(_context_config(context), context)  # simulation: a level-1 node with its subtree
-    return deployed_client(context, lambda: _context_config(context))
-
-
-client_app = ClientApp(client_fn=_flwr_client_fn)
+    """``flwr run``'s simulation: a level-1 node with its subtree (a deployment's bridges and
+    devices are hfl.app's, which calls this for every other SuperNode)."""
+    return team_client(_context_config(context), context)

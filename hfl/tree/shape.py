@@ -162,6 +162,11 @@ class Tree:
             raise ValueError(f"server levels are 0..{self.depth - 1}, got {level!r}")
         return list(self._levels[level])
 
+    @property
+    def inner_paths(self) -> list[str]:
+        """Every server but the root, level by level (the hosts a deployment runs besides the root's)."""
+        return [p for level in self._levels[1:] for p in level]
+
     def is_lowest(self, path: str) -> bool:
         """Whether the children of ``path`` are devices."""
         self._node(path)
