@@ -111,6 +111,19 @@ def _check_levels(alg: Mapping) -> None:
         check_number(key, value, minimum=0, maximum=1, open_min=True)
 
 
+def check_fractions(key: str, value: Any) -> list[float]:
+    """A fraction in (0, 1] or a non-empty list of them (root first), each error naming ``key``
+    (``key[i]`` for a list's entry); the lengths are checked against the tree once it is built
+    (hfl.runtime.build.check_tree)."""
+    values = list(value) if isinstance(value, list | tuple) else [value]
+    if not values:
+        raise ConfigError(key, "must be a number or a non-empty list")
+    for i, item in enumerate(values):
+        check_number(f"{key}[{i}]" if isinstance(value, list | tuple) else key, item, minimum=0, maximum=1,
+                     open_min=True)
+    return [float(v) for v in values]
+
+
 def check_finite(value: Any, key: str = "") -> None:
     """Refuse, naming its key, every NaN or infinite number anywhere in ``value`` (nested
     mappings and lists; list entries are named ``key[i]``), and every value a schema left
@@ -135,6 +148,7 @@ def validate(cfg: Mapping) -> None:
     check_finite(cfg)
     _number(cfg, "global_rounds", minimum=1, integer=True)
     _number(cfg, "eval_every", minimum=1, integer=True)
+    check_fractions("eval_fraction", cfg.get("eval_fraction", 1.0))
     _number(cfg, "seed", minimum=0, integer=True)
     _number(cfg, "dataset.batch_size", minimum=1, integer=True)
     _number(cfg, "algorithm.team_rounds", minimum=1, integer=True)

@@ -44,8 +44,8 @@ What stays a check before training (``hfl.config.checks.validate``, an algorithm
   JSON-copies, the sets belong to the modules that implement them, and their checks name the
   key and list the known values;
 - keys of more than one shape, typed ``Any``: ``dataset.normalize`` ([mean, std], per-channel
-  lists, null or ``per_feature``), ``algorithm.sample_fraction`` (a number or a list, root
-  first), ``topology.nodes`` (nested lists of any depth), ``algorithm.levels`` (per-depth
+  lists, null or ``per_feature``), ``algorithm.sample_fraction`` and ``eval_fraction`` (a number or a
+  list, root first), ``topology.nodes`` (nested lists of any depth), ``algorithm.levels`` (per-depth
   optimiser overrides);
 - two keys whose wrong types the existing tests pin to the check's own message
   (``tests/test_config.py``: ``algorithm.weighted=maybe``; ``tests/test_baselines.py``:
@@ -437,6 +437,7 @@ class HflConfig:
     logger: Any = MISSING  # experiment tracking (conf/logger/): not part of the run, free to change on resume
     global_rounds: int = MISSING  # T
     eval_every: int = MISSING
+    eval_fraction: Any = MISSING  # a number (the lowest servers' devices) or a list, root first (hfl.config.checks)
     seed: int = MISSING
     resume: bool = MISSING  # go on with the killed run in hydra.run.dir (hfl.state.resume)
     overwrite: bool = MISSING  # a fresh run may replace the run already in hydra.run.dir

@@ -22,9 +22,10 @@ from flwr.server.client_manager import SimpleClientManager
 from hfl.algorithm import ServerRule, model_from_state, model_state
 from hfl.node.evaluation import DeviceScore, add_reports, evaluation_result, target_report
 from hfl.node.faults import drop
-from hfl.node.inprocess import EvaluateMany, FitMany, evaluate_children, fit_one_by_one, run_fit_rounds
+from hfl.node.inprocess import (EvaluateMany, FitMany, client_manager_of, evaluate_children, fit_one_by_one,
+                                ordered_children, run_fit_rounds)
 from hfl.node.payload import LocalParameters, Payload, decode, pack, unpack
-from hfl.tree.sampling import parse_devices, sample_children
+from hfl.tree.sampling import evaluation_sample, parse_devices, sample_children
 from hfl.node.strategy import NodeStrategy
 from hfl.state.store import StateStore
 from hfl.tree.shape import level_of
@@ -34,6 +35,9 @@ DEVICE_MODEL = {"gm": "global", "pm": "personal"}
 # Evaluation parts named ctx_* are no model to test: they travel down the tree and reach the
 # devices with the PM target, which they complete their own model from (e.g. FeMAM's group models).
 CONTEXT = "ctx_"
+# An evaluation reply's record of the children each node of the subtree asked, where it sampled
+# (top-level eval_fraction): the root writes them to samples.jsonl beside the fit samples.
+EVAL_SAMPLES = "eval_samples"
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class NodeSpec:
     device_sampling: bool = False  # algorithm.sampling=devices: the root draws devices, sent as config "devices"
     dropout: float = 0.0  # of the children asked, the fraction failing each round (runtime.dropout[_nodes], hfl.node.faults)
     faults: bool = False  # simulated faults anywhere in the tree: a device may not have trained yet
+    eval_fraction: float = 1.0  # of its children, asked to evaluate (top-level eval_fraction, hfl.runtime.build)
 
     @property
     def level(self) -> int:
@@ -125,7 +130,8 @@ class NodeClient(NumPyClient):
         self.personalized = personalized
         self.global_model = global_model
         self.persist = persist
-        self.holds = dict(holds or {})  # child cid -> the devices in its subtree (for sampling=devices)
+        # child cid -> the devices in its subtree (for sampling=devices); a lazy mapping is kept as it is
+        self.holds = holds if holds is not None else {}
         self.pm_base = pm_base  # "gm": a device's PM is the root's model completed by its own part (PFLEGO)
         self.level_models = level_models  # false: the servers' models are no predictors (gradient servers)
         self.evaluation_context = evaluation_context  # stored node state -> ctx_* parts it adds for its devices' PM
@@ -148,6 +154,20 @@ class NodeClient(NumPyClient):
                 raise RuntimeError(f"node {spec.path!r} was called but holds none of the drawn devices")
             return asked
         return sample_children(children, spec.sample_fraction, spec.seed, spec.path, f"{round_path}.{server_round}")
+
+    def _evaluated_children(self, config: dict[str, Scalar]) -> tuple[SimpleClientManager, list[dict]]:
+        """The children this evaluation asks (all, or a seeded ``spec.eval_fraction`` of them, by
+        cid: a child's path or a device's id, the same in every runtime) and, where it samples, the
+        record of whom for samples.jsonl. The hooks that call them (evaluate_many, evaluate_targets)
+        get a manager of the sample alone, so a deployment asks the same children."""
+        spec = self.spec
+        if spec.eval_fraction >= 1:
+            return self.children, []
+        global_round = int(config.get("global_round", 0))
+        children = ordered_children(self.children)
+        asked = evaluation_sample(children, spec.eval_fraction, spec.seed, spec.path, global_round)
+        record = {"node": spec.path, "round": str(global_round), "evaluated": [p.cid for p in asked]}
+        return client_manager_of(asked), [record]
 
     def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
         return {"path": self.spec.path, "level": self.spec.level}
@@ -227,20 +247,25 @@ class NodeClient(NumPyClient):
         if own is not None:
             models[f"level{self.spec.level}"] = own
         metrics: dict[str, Scalar] = {"node": self.spec.path, f"bytes_down_level{self.spec.level}": 0}
+        children, records = self._evaluated_children(config)
         if self.spec.lowest:
-            reports = [self._evaluate_devices(models, metrics, state)]
+            reports = [self._evaluate_devices(children, models, metrics, state)]
         else:
-            reports = self._evaluate_nodes(models, metrics, config)
+            reports = self._evaluate_nodes(children, models, metrics, config)
+            records += [r for report in reports if report.get(EVAL_SAMPLES)
+                        for r in json.loads(str(report[EVAL_SAMPLES]))]
         metrics.update(add_reports(reports))
+        if records:  # only where evaluation is sampled: a full evaluation's reply is as it was
+            metrics[EVAL_SAMPLES] = json.dumps(records)
         metrics["team_id"] = self.spec.team_id
         metrics["compute_seconds"] = time.perf_counter() - start
         if self.spec.level == 1:
             metrics["bytes_down_team"] = sum(v for k, v in metrics.items() if k.startswith("bytes_down_level"))
         return evaluation_result(metrics, self.global_model)
 
-    def _evaluate_devices(self, models: dict[str, NDArrays], metrics: dict[str, Scalar],
-                          state: dict[str, np.ndarray] | None) -> dict[str, Scalar]:
-        """Each target model on every device's test split; the devices' own models for PM."""
+    def _evaluate_devices(self, children: SimpleClientManager, models: dict[str, NDArrays],
+                          metrics: dict[str, Scalar], state: dict[str, np.ndarray] | None) -> dict[str, Scalar]:
+        """Each target model on the asked devices' test splits; the devices' own models for PM."""
         targets = {k: v for k, v in models.items() if not k.startswith(CONTEXT)}
         context = {k: v for k, v in models.items() if k.startswith(CONTEXT)}
         if self.evaluation_context is not None:
@@ -264,9 +289,9 @@ class NodeClient(NumPyClient):
         asks = [(LocalParameters(arrays), {"model": DEVICE_MODEL.get(target, "team"), **config.get(target, {})})
                 for target, arrays in targets.items()]
         if self.evaluate_targets is not None:
-            answers = self.evaluate_targets(self.children, asks)
+            answers = self.evaluate_targets(children, asks)
         else:
-            answers = [self.evaluate_many(self.children, sent, ask) for sent, ask in asks]
+            answers = [self.evaluate_many(children, sent, ask) for sent, ask in asks]
         for target, (replies, moved) in zip(targets, answers, strict=True):
             metrics[f"bytes_down_level{self.spec.level}"] += moved
             rows = [DeviceScore(int(r.metrics["device_id"]), int(r.metrics["correct"]), r.num_examples, r.loss)
@@ -274,14 +299,14 @@ class NodeClient(NumPyClient):
             report.update(target_report(target, rows))
         return report
 
-    def _evaluate_nodes(self, models: dict[str, NDArrays], metrics: dict[str, Scalar],
-                        config: dict[str, Scalar]) -> list[dict[str, Scalar]]:
-        """The models forwarded to every child node (evaluation asks the whole subtree)."""
+    def _evaluate_nodes(self, children: SimpleClientManager, models: dict[str, NDArrays],
+                        metrics: dict[str, Scalar], config: dict[str, Scalar]) -> list[dict[str, Scalar]]:
+        """The models forwarded to the asked child nodes (each asks its own sample, or all)."""
         arrays, meta = pack("parts", models)
         sent = LocalParameters(arrays)
         # The round goes along: a deployed child names its request by it (hfl.deploy.mailbox).
         rounds = {k: config[k] for k in ("global_round",) if k in config}
-        replies, moved = self.evaluate_many(self.children, sent, {**meta, **rounds})
+        replies, moved = self.evaluate_many(children, sent, {**meta, **rounds})
         metrics[f"bytes_down_level{self.spec.level}"] += moved
         out = []
         for _, res in replies:

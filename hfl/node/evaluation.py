@@ -9,6 +9,7 @@ root's pooled accuracy is Σcorrect / Σn over every device, whatever the depth.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
@@ -19,6 +20,7 @@ LEVEL_ALIASES = {"team": "level1"}  # 3-tier runs and deployments name level 1 "
 # <level>_client_mean_accuracy: the unweighted mean of the devices' accuracies (hfl.output.report shows
 # it as a figure of its own, not as a model level).
 CLIENT_MEAN = "client_mean"
+Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile: a two-sided 95 % interval
 
 
 class DeviceScore(NamedTuple):
@@ -81,14 +83,39 @@ def _level_order(target: str) -> tuple[int, int]:
     return (2, 0)  # gm
 
 
-def pool_evaluations(reports: Sequence[Mapping[str, Scalar]]) -> dict[str, float | None]:
+def accuracy_interval(rows: Sequence[tuple[int, int]], population: int, z: float = Z95) -> tuple[float, float] | None:
+    """A 95 % interval of the pooled accuracy p = Σc / Σn of ``rows`` (correct, n), one per device,
+    when those m devices are a sample of ``population``: the normal interval of a ratio estimator
+    with the devices as the sampling units (a device's test samples are not independent draws, so
+    a binomial interval on Σn would be too narrow when devices differ),
+    p ± z · sqrt((1 - m/M) · s² / m) / n̄,  s² = Σ(c_i - p·n_i)² / (m - 1),  n̄ = Σn / m,
+    clipped to [0, 1]; the finite-population factor makes it the point itself when m = M.
+    None for fewer than 2 devices (no spread to estimate) or no sample."""
+    m = len(rows)
+    total = sum(n for _, n in rows)
+    if m < 2 or total == 0:
+        return None
+    p = sum(c for c, _ in rows) / total
+    spread = sum((c - p * n) ** 2 for c, n in rows) / (m - 1)
+    finite = max(0.0, 1.0 - m / population)
+    half = z * math.sqrt(finite * spread / m) / (total / m)
+    return max(0.0, p - half), min(1.0, p + half)
+
+
+def pool_evaluations(reports: Sequence[Mapping[str, Scalar]], population: int | None = None) -> dict[str, float | None]:
     """Pool the level-1 nodes' reports into accuracy = Σcorrect / Σsamples (loss likewise),
     the spread of per-device accuracies and their unweighted mean
     (``<level>_client_mean_accuracy``: every device counts once, whatever its test size), for
     every model level present. ``team`` and ``level1`` are the same level: both keys are
     written. pm, gm and team are always present (None where the algorithm has no such model)
     so that every run's lines share keys; so is ``client_mean_accuracy``, PM's client mean
-    (the FeMAM paper's figure), None without a PM."""
+    (the FeMAM paper's figure), None without a PM.
+
+    ``population``: the federation's devices, given where evaluation is sampled (top-level
+    ``eval_fraction``). Each model level tested on fewer devices than that also reports the
+    devices and test samples behind its figure (``<level>_eval_devices``, ``<level>_eval_samples``)
+    and the 95 % interval of its accuracy (``<level>_accuracy_ci_low`` / ``_ci_high``,
+    ``accuracy_interval``); a full evaluation's lines are as they always were."""
     total = add_reports([_canonical(r) for r in reports])
     pooled: dict[str, float | None] = {}
     targets = sorted(set(targets_of(total)) | {"pm", "gm", "level1"}, key=_level_order)
@@ -99,11 +126,16 @@ def pool_evaluations(reports: Sequence[Mapping[str, Scalar]]) -> dict[str, float
             continue
         pooled[f"{target}_accuracy"] = int(total[f"{target}_correct"]) / n
         pooled[f"{target}_loss"] = float(total[f"{target}_loss_sum"]) / n
-        per_device = [c / k for _, c, k in json.loads(str(total[f"{target}_devices"]))]
+        rows = [(c, k) for _, c, k in json.loads(str(total[f"{target}_devices"]))]
+        per_device = [c / k for c, k in rows]
         pooled[f"{target}_accuracy_min"] = min(per_device)
         pooled[f"{target}_accuracy_median"] = statistics.median(per_device)
         pooled[f"{target}_accuracy_max"] = max(per_device)
         pooled[f"{target}_{CLIENT_MEAN}_accuracy"] = statistics.fmean(per_device)
+        if population is not None and len(rows) < population:
+            pooled[f"{target}_eval_devices"], pooled[f"{target}_eval_samples"] = len(rows), n
+            pooled[f"{target}_accuracy_ci_low"], pooled[f"{target}_accuracy_ci_high"] = \
+                accuracy_interval(rows, population) or (None, None)
     for key in [k for k in pooled if k.startswith("level1_")]:
         pooled["team_" + key[len("level1_"):]] = pooled[key]
     pooled[f"{CLIENT_MEAN}_accuracy"] = pooled.get(f"pm_{CLIENT_MEAN}_accuracy")

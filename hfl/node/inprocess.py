@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 from flwr.client import Client
 from flwr.common import (
@@ -107,6 +108,66 @@ class LockstepServer(Server):
         return parameters, metrics, (results, failures)
 
 
+class ChildProxies(Sequence[ClientProxy]):
+    """A node's children in cid order, each proxy made when it is first read (``make(cid)``) and
+    kept: a node of 10,000 devices that asks 10 of them a round makes 10 proxies, not 10,000."""
+
+    def __init__(self, cids: Sequence[str], make: Callable[[str], ClientProxy]) -> None:
+        self.cids = cids  # sorted, as sorted(cid) would order the proxies
+        self._make = make
+        self._made: dict[str, ClientProxy] = {}
+
+    def __len__(self) -> int:
+        return len(self.cids)
+
+    @overload
+    def __getitem__(self, index: int) -> ClientProxy: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[ClientProxy]: ...
+
+    def __getitem__(self, index: int | slice) -> ClientProxy | list[ClientProxy]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return self._proxy(self.cids[index])
+
+    def _proxy(self, cid: str) -> ClientProxy:
+        proxy = self._made.get(cid)
+        if proxy is None:
+            proxy = self._made[cid] = self._make(cid)
+        return proxy
+
+    def get(self, cid: str, default: ClientProxy | None = None) -> ClientProxy | None:
+        """The proxy of child ``cid`` (made now if need be), else ``default``."""
+        return self._proxy(cid) if cid in self.cids else default
+
+
+class LazyClientManager(SimpleClientManager):
+    """A node's children as Flower's client manager, their proxies made as they are read
+    (``ChildProxies``): ``ordered_children`` hands the sampling code the lazy sequence; ``all()``
+    makes every proxy (a full evaluation, a round without sampling)."""
+
+    def __init__(self, children: ChildProxies) -> None:
+        super().__init__()
+        self.children = children
+
+    def __len__(self) -> int:
+        return len(self.children)
+
+    def num_available(self) -> int:
+        return len(self.children)
+
+    def all(self) -> dict[str, ClientProxy]:
+        return {proxy.cid: proxy for proxy in self.children}
+
+
+def ordered_children(manager: SimpleClientManager) -> Sequence[ClientProxy]:
+    """A manager's children sorted by cid; lazily where the manager makes them (LazyClientManager)."""
+    if isinstance(manager, LazyClientManager):
+        return manager.children
+    return sorted(manager.all().values(), key=lambda p: p.cid)
+
+
 def client_manager_of(proxies: list[ClientProxy]) -> SimpleClientManager:
     manager = SimpleClientManager()
     for proxy in proxies:
@@ -179,9 +240,9 @@ def run_fit_rounds(
     parameters = strategy.initialize_parameters(manager)
     if parameters is None:
         raise RuntimeError(f"{type(strategy).__name__}.initialize_parameters returned no model")
-    children = sorted(manager.all().values(), key=lambda p: p.cid)
+    children = ordered_children(manager)  # proxies made only for the children a sample reads
     for server_round in range(1, num_rounds + 1):
-        asked = sample(server_round, children) if sample is not None else children
+        asked = sample(server_round, children) if sample is not None else list(children)
         report.samples.append([proxy.cid for proxy in asked])
         instructions = strategy.configure_fit(server_round, parameters, client_manager_of(asked))
         results: list[tuple[ClientProxy, FitRes]] = []

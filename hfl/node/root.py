@@ -24,13 +24,13 @@ from flwr.server.strategy import Strategy
 
 from hfl.algorithm import Replies, ServerRule, model_state
 from hfl.errors import first_failure
-from hfl.node.client import node_key
+from hfl.node.client import EVAL_SAMPLES, node_key
 from hfl.node.evaluation import pool_evaluations
 from hfl.node.faults import Dropout
 from hfl.node.payload import payload_nbytes
 from hfl.node.strategy import accept_results, node_order, usable_needed
 from hfl.state.store import StateStore
-from hfl.tree.sampling import DeviceDraw
+from hfl.tree.sampling import DeviceDraw, EvaluationDraw
 
 log = logging.getLogger(__name__)
 ROOT_KEY = node_key("")  # "node-root": the store key of the node at path ""
@@ -54,6 +54,7 @@ class RootStrategy(Strategy):
         device_sampling: DeviceDraw | None = None,
         min_fit_fraction: float = 0.0,
         dropout: Dropout | None = None,
+        evaluation: EvaluationDraw | None = None,
     ) -> None:
         self.store = store
         self.rule = make_rule(store.load(ROOT_KEY))
@@ -68,6 +69,7 @@ class RootStrategy(Strategy):
         # algorithm.min_fit_fraction every inner node applies to its children (hfl.node.strategy).
         self.min_fit_fraction = min_fit_fraction
         self.dropout = dropout  # runtime.dropout_nodes of the level-1 nodes (hfl.node.faults)
+        self.evaluation = evaluation  # sampled evaluation (eval_fraction); None: every device is tested
         self._paths: dict[str, str] = {}  # level-1 node cid -> its path (asked once)
         self._round: dict[str, float] = {}
 
@@ -185,12 +187,23 @@ class RootStrategy(Strategy):
         if server_round % self.eval_every and server_round != self.num_rounds:
             self._finish(server_round, None)
             return []
-        teams = self._teams(client_manager)
+        teams = self._evaluated_teams(server_round, self._teams(client_manager))
         arrays, meta = self.rule.evaluation_message(self.current)
         parameters = ndarrays_to_parameters(arrays)
         self._round["bytes_down_global"] += payload_nbytes(parameters) * len(teams)
         ins = EvaluateIns(parameters, {**meta, "global_round": server_round})
         return [(proxy, ins) for proxy in teams]
+
+    def _evaluated_teams(self, server_round: int, teams: list[ClientProxy]) -> list[ClientProxy]:
+        """The level-1 nodes this evaluation asks: all, or a seeded sample of them in tree order
+        (Flower's node ids say nothing of the tree), recorded in samples.jsonl."""
+        if self.evaluation is None or self.evaluation.fraction >= 1:
+            return teams
+        by_path = sorted((int(self._path_of(p, server_round)), p) for p in teams)
+        asked = self.evaluation.sample(by_path, server_round)
+        record = [{"node": "root", "round": str(server_round), "evaluated": [str(path) for path, _ in asked]}]
+        self._round.setdefault("samples", []).append(json.dumps(record))
+        return [p for _, p in asked]
 
     def aggregate_evaluate(self, server_round, results, failures):  # noqa: ANN001
         if not results:
@@ -203,7 +216,9 @@ class RootStrategy(Strategy):
         reports = sorted((res.metrics for _, res in results), key=node_order)
         for report in reports:
             self._count_team_report(report)
-        pooled = pool_evaluations(reports)
+            if report.get(EVAL_SAMPLES):  # the children each node asked to evaluate
+                self._round.setdefault("samples", []).append(str(report[EVAL_SAMPLES]))
+        pooled = pool_evaluations(reports, None if self.evaluation is None else self.evaluation.population)
         pooled.update(self.rule.evaluation_metrics(self.current))
         self._finish(server_round, pooled)
         loss = pooled["gm_loss"] if pooled.get("gm_loss") is not None else pooled.get("pm_loss")

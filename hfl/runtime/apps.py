@@ -27,14 +27,14 @@ from hfl.algorithm import NodeContext, ServerRule
 from hfl.config.checks import load_server, validate
 from hfl.node.faults import Dropout, dropout_fractions
 from hfl.deploy.wiring import tier_of
-from hfl.runtime.build import build_team_node, federation_for, initial_model
+from hfl.runtime.build import build_team_node, eval_fraction, evaluation_sampled, federation_for, initial_model
 from hfl.node.payload import Payload
 from hfl.runtime.polling import PolledServerApp
 from hfl.output import tracking
 from hfl.output.recorder import Recorder
 from hfl.state.resume import Checkpoint, Resumed
 from hfl.node.root import RootStrategy
-from hfl.tree.sampling import DeviceDraw
+from hfl.tree.sampling import DeviceDraw, EvaluationDraw
 from hfl.state.store import StateStore
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -80,6 +80,9 @@ def build_global_strategy(cfg: Mapping, run_dir: str | Path, start: Checkpoint |
         min_fit_fraction=float(alg.get("min_fit_fraction", 1.0)),
         # runtime.dropout_nodes: the root drops level-1 nodes too (hfl.node.faults)
         dropout=Dropout(node_dropout, int(cfg["seed"])) if node_dropout > 0 else None,
+        # eval_fraction: the root's share of the level-1 nodes; the intervals are drawn against every device
+        evaluation=EvaluationDraw(eval_fraction(cfg, 0, fed.tree.depth), int(cfg["seed"]), fed.tree.num_devices)
+        if evaluation_sampled(cfg) else None,
     )
     return strategy if start is None else Resumed(strategy, start.round)
 

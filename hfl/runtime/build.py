@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from flwr.common import NDArrays
+from flwr.server.client_manager import SimpleClientManager
 
 from hfl.device.client import DeviceClient
 from hfl.accel.batched import BatchedFit, batching_pays, resolve_device
@@ -21,10 +22,13 @@ from hfl.data import DeviceData, Federation, build_federation
 from hfl.device.state import DEVICES_PREFIX, DeviceRuntime, has_state, pack_states, unpack_states
 from hfl.errors import ConfigError
 from hfl.node.faults import dropout_fractions
+from hfl.runtime.children import DeviceCids, DeviceHolds, SubtreeHolds
 from hfl.node.inprocess import (
+    ChildProxies,
     EvaluateMany,
     FitMany,
     InProcessClientProxy,
+    LazyClientManager,
     client_manager_of,
     evaluate_children,
     fit_one_by_one,
@@ -124,7 +128,7 @@ class NodeDevices(Mapping[str, DeviceClient]):
 
     def __init__(self, device_ids: list[int], build: Callable[[int], DeviceRuntime],
                  make_client: Callable[[DeviceRuntime], DeviceClient], store: StateStore, key: str) -> None:
-        self._ids = {f"{d:06d}": d for d in device_ids}
+        self.cids = DeviceCids(device_ids)
         self._build, self._make_client = build, make_client
         self._store, self._key = store, key
         self._clients: dict[str, DeviceClient] = {}
@@ -133,7 +137,7 @@ class NodeDevices(Mapping[str, DeviceClient]):
     def __getitem__(self, cid: str) -> DeviceClient:
         client = self._clients.get(cid)
         if client is None:
-            device = self._build(self._ids[cid])  # KeyError: no device of this node
+            device = self._build(self.cids.device(cid))  # KeyError: no device of this node
             state = self.stored().get(device.device_id)
             if state is not None:
                 device.restore(state)
@@ -141,13 +145,13 @@ class NodeDevices(Mapping[str, DeviceClient]):
         return client
 
     def __contains__(self, cid: object) -> bool:
-        return cid in self._ids
+        return cid in self.cids
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._ids)
+        return iter(self.cids)
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self.cids)
 
     def built(self) -> list[DeviceRuntime]:
         """The devices built so far (this message's)."""
@@ -229,6 +233,22 @@ def level_fraction(alg: Mapping, level: int) -> float:
     return float(fraction)
 
 
+def eval_fraction(cfg: Mapping, level: int, depth: int) -> float:
+    """The fraction of its children a node at ``level`` asks to evaluate (top-level ``eval_fraction``):
+    a list gives every level's, root first; one number is the lowest servers' (the fraction of the
+    devices tested, whatever the depth), every node above asking all its children."""
+    fraction = cfg.get("eval_fraction", 1.0)
+    if isinstance(fraction, list | tuple):
+        return float(fraction[level])
+    return float(fraction) if level == depth - 1 else 1.0
+
+
+def evaluation_sampled(cfg: Mapping) -> bool:
+    """Whether some level evaluates a sample of its children."""
+    fraction = cfg.get("eval_fraction", 1.0)
+    return any(float(f) < 1 for f in (fraction if isinstance(fraction, list | tuple) else [fraction]))
+
+
 def check_tree(cfg: Mapping, tree: Tree) -> None:
     """Refuse a tree the algorithm is not defined on, and per-level lists of the wrong length."""
     alg = cfg["algorithm"]
@@ -242,6 +262,10 @@ def check_tree(cfg: Mapping, tree: Tree) -> None:
             raise ConfigError(f"algorithm.{key}", f"has {len(value)} entries; this tree of depth {tree.depth} "
                                                   f"needs {length} ({'levels 1..' if key == 'level_rounds' else 'levels 0..'}"
                                                   f"{tree.depth - 1})")
+    fraction = cfg.get("eval_fraction", 1.0)
+    if isinstance(fraction, list | tuple) and len(fraction) != tree.depth:
+        raise ConfigError("eval_fraction", f"has {len(fraction)} entries; this tree of depth {tree.depth} needs "
+                                           f"{tree.depth} (levels 0..{tree.depth - 1})")
     load_server(alg).check_federation(cfg, federation_for(cfg))  # e.g. proxy sizes, a validation split
     if alg.get("local_labels", False) and float(cfg["dataset"].get("proxy_fraction", 0.0)) > 0:
         raise ConfigError("algorithm.local_labels", "servers' proxy data keeps the dataset's labels; local labels "
@@ -270,10 +294,12 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
 
         # Devices exist only while they work: each is built when its node asks it (hfl.runtime.build.NodeDevices).
         clients = NodeDevices(tree.devices(path), build_device, client_module.make_client, store, devices_key(path))
-        holds = {f"{d:06d}": frozenset([d]) for d in tree.devices(path)}
-        proxies = [InProcessClientProxy(cid, lambda cid=cid: clients[cid].to_client()) for cid in clients]
+        holds: Mapping[str, frozenset] = DeviceHolds(clients.cids)
+        # A proxy per device made only when a round or an evaluation reads it (a sample reads few).
+        by_cid = ChildProxies(clients.cids, lambda cid: InProcessClientProxy(cid, lambda: clients[cid].to_client()))
+        proxies: list | SimpleClientManager = LazyClientManager(by_cid)
         if uses_batched(cfg, trainer):
-            by_cid, device = {p.cid: p for p in proxies}, resolve_device(cfg["runtime"].get("device"))
+            device = resolve_device(cfg["runtime"].get("device"))
             fit_many = BatchedFit(clients, by_cid, device)
             # Clients that test the plain way (model_to_test on their test split) are tested together.
             evaluate_many = BatchedEvaluate(PlainClients(clients), by_cid, device)
@@ -283,7 +309,7 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
     else:
         proxies = [InProcessClientProxy(child, lambda child=child: build_node(cfg, child, state_dir).to_client())
                    for child in tree.children(path)]
-        holds = {child: frozenset(tree.devices_under(child)) for child in tree.children(path)}
+        holds = SubtreeHolds(tree, tree.children(path))
 
         def persist() -> None:
             pass
@@ -291,12 +317,14 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
     return node_client(cfg, path, store, proxies, holds, persist, fit_many, evaluate_many)
 
 
-def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list, holds: Mapping[str, frozenset[int]],
+def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | SimpleClientManager,
+                holds: Mapping[str, frozenset[int]],
                 persist: Callable[[], None] = lambda: None, fit_many: FitMany = fit_one_by_one,
                 evaluate_many: EvaluateMany = evaluate_children,
                 evaluate_targets: EvaluateTargets | None = None) -> NodeClient:
     """The engine's node at ``path`` over ``proxies`` (its children: in this process, or remote
-    ones in a deployment, hfl.deploy.node_server), ``holds`` naming the devices under each."""
+    ones in a deployment, hfl.deploy.node_server; or a manager of them, e.g. a LazyClientManager),
+    ``holds`` naming the devices under each."""
     fed = federation_for(cfg)
     tree = fed.tree
     alg = cfg["algorithm"]
@@ -311,8 +339,9 @@ def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list, holds
     spec = NodeSpec(path, level_rounds(alg, level, tree.depth), level_fraction(alg, level), int(cfg["seed"]),
                     tree.is_lowest(path), device_sampling=alg.get("sampling", "children") == "devices",
                     dropout=device_dropout if tree.is_lowest(path) else node_dropout,
-                    faults=device_dropout > 0 or node_dropout > 0)
-    return NodeClient(spec, client_manager_of(proxies), make_rule, store,
+                    faults=device_dropout > 0 or node_dropout > 0, eval_fraction=eval_fraction(cfg, level, tree.depth))
+    children = proxies if isinstance(proxies, SimpleClientManager) else client_manager_of(proxies)
+    return NodeClient(spec, children, make_rule, store,
                       personalized=bool(alg["personalized"]), global_model=bool(alg.get("global_model", True)),
                       persist=persist, holds=holds, pm_base=alg.get("pm_base"),
                       level_models=bool(alg.get("level_models", True)),

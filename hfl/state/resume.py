@@ -60,7 +60,8 @@ FREE_KEYS = ("resume", "overwrite", "hydra", "runtime.verbose", "runtime.torch_t
              "dataset.lazy", "dataset.cache_mb")  # lazy devices are bit-identical to eager ones (tests/test_scale.py)
 # Keys added after runs began recording their config, with the value such a run had in effect:
 # a run recorded without one resumes with that value.
-ADDED_KEYS = {"runtime.dropout": 0.0, "runtime.dropout_nodes": 0.0, "runtime.batch_siblings": False}
+ADDED_KEYS = {"runtime.dropout": 0.0, "runtime.dropout_nodes": 0.0, "runtime.batch_siblings": False,
+              "eval_fraction": 1.0}
 
 
 @dataclass

@@ -31,6 +31,18 @@ def sample_children(children: Sequence[T], fraction: float, seed: int, path: str
     return [children[i] for i in sorted(int(c) for c in chosen)]
 
 
+def evaluation_sample(children: Sequence[T], fraction: float, seed: int, path: str, global_round: int) -> list[T]:
+    """The children a node asks to evaluate in ``global_round`` (top-level ``eval_fraction``):
+    ceil(fraction x n), at least 1, kept in their given order; all of them at fraction 1. Its own
+    stream ("evaluate"), so the sample does not depend on the rounds' fit samples and every model
+    level is tested on the same devices."""
+    k = sample_size(len(children), fraction)
+    if k == len(children):
+        return list(children)
+    chosen = rng(seed, "evaluate", path or "root", global_round).choice(len(children), size=k, replace=False)
+    return [children[i] for i in sorted(int(c) for c in chosen)]
+
+
 def sample_devices(num_devices: int, fraction: float, seed: int, global_round: int) -> list[int]:
     """``algorithm.sampling=devices``: ceil(fraction x I) of all I devices, uniformly across the
     tree, drawn by the root for one global round (sorted ids)."""
@@ -56,3 +68,17 @@ class DeviceDraw:
 
     def draw(self, global_round: int) -> list[int]:
         return sample_devices(self.num_devices, self.fraction, self.seed, global_round)
+
+
+@dataclass(frozen=True)
+class EvaluationDraw:
+    """Sampled evaluation at the root (top-level ``eval_fraction``): the fraction of the level-1
+    nodes it asks, its seed, and the federation's devices, which the reported intervals are
+    drawn against (hfl.node.evaluation.accuracy_interval)."""
+
+    fraction: float
+    seed: int
+    population: int
+
+    def sample(self, children: Sequence[T], global_round: int) -> list[T]:
+        return evaluation_sample(children, self.fraction, self.seed, "", global_round)

@@ -1,0 +1,83 @@
+"""A round costs what it touches, not the federation (issue 38): a lowest node makes the proxies
+and devices of the children it asks only, its cids and holds are read when asked for, and a
+tree from a fan-out skips the checks it passes by construction."""
+
+from __future__ import annotations
+
+import pytest
+
+from hfl.node.inprocess import ChildProxies, InProcessClientProxy, LazyClientManager, ordered_children
+from hfl.node.payload import pack
+from hfl.runtime.build import build_team_node, federation_for, initial_model
+from hfl.runtime.children import DeviceCids, DeviceHolds, SubtreeHolds
+from hfl.tree.shape import Tree, from_fanout
+from tests.conftest import compose_cfg
+
+
+def test_device_cids_sort_as_their_strings_and_name_only_the_nodes_devices():
+    cids = DeviceCids([42, 7, 999_999])
+    assert list(cids) == ["000007", "000042", "999999"] == sorted(cids) and cids[1] == "000042"
+    assert cids[0:2] == ["000007", "000042"] and len(cids) == 3
+    assert cids.device("000042") == 42 and "000042" in cids
+    for wrong in ("000043", "42", "x", 42, "0000042"):
+        assert wrong not in cids
+        with pytest.raises(KeyError):
+            cids.device(wrong)
+    # Seven-digit ids do not sort as their cids: the strings are sorted instead.
+    big = DeviceCids([5, 1_000_000, 100_001])
+    assert list(big) == sorted(["000005", "1000000", "100001"]) == ["000005", "1000000", "100001"]
+    assert big.device("1000000") == 1_000_000
+    holds = DeviceHolds(cids)
+    assert holds["000007"] == frozenset([7]) and holds.get("000008") is None and len(holds) == 3
+
+
+def test_child_proxies_are_made_when_read_and_kept():
+    made = []
+
+    def make(cid: str) -> InProcessClientProxy:
+        made.append(cid)
+        return InProcessClientProxy(cid, lambda: None)
+
+    children = ChildProxies(DeviceCids(range(1000)), make)
+    manager = LazyClientManager(children)
+    assert manager.num_available() == 1000 and ordered_children(manager) is children and made == []
+    first = children[3]
+    assert children[3] is first and children.get("000003") is first and children.get("x") is None
+    assert made == ["000003"]
+    assert [p.cid for p in children[10:12]] == ["000010", "000011"] and len(made) == 3
+    assert len(manager.all()) == 1000 and len(made) == 1000  # all(): every proxy (a full evaluation)
+
+
+def test_subtree_holds_are_computed_when_asked_for():
+    tree = from_fanout([2, 2, 3], 0)
+    holds = SubtreeHolds(tree, tree.children("0"))
+    assert list(holds) == ["0.0", "0.1"] and holds._made == {}
+    assert holds["0.1"] == frozenset(tree.devices_under("0.1")) and list(holds._made) == ["0.1"]
+    with pytest.raises(KeyError):
+        holds["1.0"]
+
+
+@pytest.mark.parametrize("fanout", [[4, 10], [2, 3, 5], [3, 2, 2, 4], [1, 7]])
+def test_a_fanout_tree_equals_the_checked_tree_of_its_nested_lists(fanout):
+    fast = from_fanout(fanout, 3)
+    checked = Tree(fast.nested)
+    assert fast == checked and fast._levels == checked._levels and fast._index == checked._index
+    assert all(type(d) is int for d in fast.devices(fast.nodes_at(fast.depth - 1)[0]))
+
+
+def test_a_sampled_node_of_1000_devices_makes_the_proxies_and_devices_it_asks(tmp_path):
+    cfg = compose_cfg("algorithm=fedavg", "topology=tree", "topology.fanout=[2,1000]", "runtime=inprocess",
+                      "algorithm.sample_fraction=[1,0.01]", "eval_fraction=0.005", "algorithm.local_steps=2",
+                      "runtime.torch_threads=1")
+    cfg["runtime"]["state_dir"] = str(tmp_path / "state")
+    fed = federation_for(cfg)
+    made_before = fed.devices.made
+    node = build_team_node(cfg, 0, cfg["runtime"]["state_dir"])
+    node.fit(initial_model(cfg, fed), {"global_round": 1, "round_path": "1"})
+    assert len(node.children.children._made) == 10  # ceil(0.01 x 1000) proxies, not 1,000
+    assert fed.devices.made - made_before == 10
+    node = build_team_node(cfg, 0, cfg["runtime"]["state_dir"])
+    arrays, meta = pack("parts", {"gm": initial_model(cfg, fed)})
+    _, n, metrics = node.evaluate(arrays, {**meta, "global_round": 1})
+    assert len(node.children.children._made) == 5  # ceil(0.005 x 1000) tested
+    assert len(metrics["gm_devices"]) > 0 and metrics["gm_n"] == n
