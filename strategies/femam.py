@@ -31,6 +31,7 @@ from flwr.common import NDArrays, Scalar
 
 from hfl.algorithm import Message, NodeContext, Replies, ServerRule
 from hfl.rules.aggregate import mean_of
+from hfl.data.federation import devices_without_validation
 from hfl.errors import ConfigError
 from hfl.node.payload import pack
 from hfl.rules.personal import check_keys
@@ -89,7 +90,7 @@ def check_config(alg: Mapping[str, Any]) -> None:
 
 
 def check_federation(cfg: Mapping[str, Any], fed) -> None:  # noqa: ANN001 - hfl.data.Federation
-    empty = [d.device_id for d in fed.devices if len(getattr(d, "y_val", ())) == 0]
+    empty = devices_without_validation(fed)  # a lazy federation's without making its devices
     if empty:
         raise ConfigError("dataset.val_fraction", f"FeMAM's schedule and pruning need a validation split on every "
                                                   f"device; {len(empty)} have none (e.g. device {empty[0]}): set it > 0")

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from flwr.common import NDArrays, Scalar
 
 from hfl.rules import nodeopt
+from hfl.data.federation import device_sizes
 from hfl.errors import ConfigError
 from hfl.models import build_model
 from hfl.algorithm import NodeContext, Replies, ServerRule, model_from_state
@@ -159,9 +160,17 @@ class PflegoServer(ServerRule):
         if ctx.is_root:
             self.optimizer = optimizer_spec(ctx.alg)
             self.num_sampled = num_sampled(ctx.cfg, self.num_devices)
-            self.total_examples = sum(len(d.y_train) for d in ctx.fed.devices)
+            self._total_examples: int | None = None  # summed when first needed (server_optimizer=sgd)
             stored = {k[len(OPT):]: v for k, v in (ctx.state or {}).items() if k.startswith(OPT)}
             self.opt_state: dict[str, np.ndarray] = stored or nodeopt.init_state([])
+
+    @property
+    def total_examples(self) -> int:
+        """Every device's training samples (eq. 4's N): summed once, from the size draws alone on a
+        lazy federation (hfl.data.federation.device_sizes), and only by the sgd step that reads it."""
+        if self._total_examples is None:
+            self._total_examples = sum(device_sizes(self.ctx.fed, d)[0] for d in range(self.num_devices))
+        return self._total_examples
 
     def start(self) -> NDArrays:
         if not self.ctx.is_root:

@@ -81,3 +81,34 @@ def test_a_sampled_node_of_1000_devices_makes_the_proxies_and_devices_it_asks(tm
     _, n, metrics = node.evaluate(arrays, {**meta, "global_round": 1})
     assert len(node.children.children._made) == 5  # ceil(0.005 x 1000) tested
     assert len(metrics["gm_devices"]) > 0 and metrics["gm_n"] == n
+
+
+def test_sizes_and_validation_of_a_lazy_federation_come_without_making_a_device():
+    from hfl.data import build_federation
+    from hfl.data.federation import device_sizes, devices_without_validation
+
+    topology = {"formation": "tree", "fanout": [2, 20]}
+    for val in (0.0, 0.2):
+        dataset = {**compose_cfg("dataset.val_fraction=0")["dataset"], "val_fraction": val}
+        lazy = build_federation(dataset, topology, 5)
+        sizes = [device_sizes(lazy, d) for d in range(40)]
+        assert lazy.devices.made == 0
+        assert devices_without_validation(lazy) == ([] if val else list(range(40))) and lazy.devices.made == 0
+        eager = build_federation({**dataset, "lazy": False}, topology, 5)
+        assert sizes == [(len(d.y_train), len(d.y_val), len(d.y_test)) for d in eager.devices]
+        assert devices_without_validation(eager) == devices_without_validation(lazy)
+
+
+def test_pflego_sums_every_devices_training_samples_from_the_size_draws():
+    from hfl.algorithm import NodeContext
+    from hfl.node.payload import Payload
+    from strategies.pflego import PflegoServer
+
+    cfg = compose_cfg("algorithm=pflego", "dataset=synthetic", "dataset.partition=natural", "topology=tree",
+                      "topology.fanout=[2,20]", "algorithm.server_optimizer=sgd")
+    fed = federation_for(cfg)
+    made = fed.devices.made
+    root = PflegoServer(NodeContext(cfg, "", 2, Payload("model", {"model": []}), None, fed))
+    total = root.total_examples
+    assert fed.devices.made == made  # no device made for it
+    assert total == sum(len(fed.devices[d].y_train) for d in range(40))

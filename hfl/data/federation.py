@@ -10,6 +10,7 @@ dataset or partition needs the whole pool up front and builds every device at on
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections import OrderedDict
@@ -142,6 +143,10 @@ class LazyDevices(Sequence[DeviceData]):
     def __iter__(self) -> Iterator[DeviceData]:  # one device at a time: iterating holds no more than the cache
         for i in range(self._count):
             yield self[i]
+
+    @property
+    def make(self) -> Callable[[int], DeviceData]:
+        return self._make
 
 
 @dataclass
@@ -481,6 +486,37 @@ class NaturalDevice:
     def __call__(self, d: int) -> DeviceData:
         x, y = self.source.device(d)
         return split_device(d, x, y, np.arange(len(y)), self.train_fraction, self.val_fraction, self.seed, _same)
+
+    def sizes(self, d: int) -> tuple[int, int, int]:
+        """Device d's train, validation and test sizes, from its size draw alone (nothing generated)."""
+        return split_lengths(self.source.num_samples(d), self.train_fraction, self.val_fraction)
+
+
+@functools.lru_cache(maxsize=4096)
+def split_lengths(n: int, train_fraction: float, val_fraction: float) -> tuple[int, int, int]:
+    """The train, validation and test sizes of a device of ``n`` samples (they depend on n alone)."""
+    train, val, test = split_train_val_test(np.arange(n), train_fraction, val_fraction, 0, 0)
+    return len(train), len(val), len(test)
+
+
+def device_sizes(fed: Federation, d: int) -> tuple[int, int, int]:
+    """Device d's train, validation and test sizes; a lazy device's from its size draw, without
+    making it (PFLEGO's root sums every device's, a million of them on a lazy federation)."""
+    devices = fed.devices
+    if isinstance(devices, LazyDevices) and isinstance(devices.make, NaturalDevice):
+        return devices.make.sizes(d)
+    data = devices[d]
+    return len(data.y_train), len(data.y_val), len(data.y_test)
+
+
+def devices_without_validation(fed: Federation) -> list[int]:
+    """The devices with an empty validation split. A lazy federation's devices are split by
+    ``split_train_val_test``, which gives every device one when ``val_fraction`` > 0 (else it
+    refuses the run): nothing is generated to know it."""
+    devices = fed.devices
+    if isinstance(devices, LazyDevices) and isinstance(devices.make, NaturalDevice):
+        return [] if devices.make.val_fraction > 0 else list(range(len(devices)))
+    return [d.device_id for d in devices if len(d.y_val) == 0]
 
 
 def refuse_too_few(key: str, d: int, n: int, name: str, partition: str) -> None:
