@@ -16,12 +16,23 @@ processes (driver, Ray's processes and the team actors) for
   build of 10,000 of the same devices in one process, measured here and scaled to 100,000 (device
   data are independent draws, so memory grows linearly), beside the lazy build of all 100,000.
 
+- ``sizes`` (issue 38): 10,000 / 100,000 / 1,000,000 devices at the same sampled work, Synthetic,
+  MCLR, the default Ray simulation; FedAvg on 100 servers of N/100 devices asking 10 of them a round
+  (``sample_fraction=[1,1000/N]``), and B-HFL on a depth-3 tree of 10 x 10 servers, half of each
+  level-1 node's servers asked and 20 devices of each asked server (``[1,0.5,2000/N]``): 1,000
+  devices trained per round at every size. Each is run twice, evaluated at its last round only:
+  on a sample (``eval_fraction=0.01``: 1 % of every lowest server's devices) and in full (every
+  device; skipped at 1,000,000 unless ``--full-million``: it would regenerate and test every
+  device's data, about 10x the 100,000-device figure). Printed: seconds per unevaluated round,
+  the evaluated round and its evaluation's share, peak memory of all processes.
+
 Each run is a fresh process (its own Ray instance, its own overrides for dataset.lazy
 and dataset.cache_mb); seconds per round are medians over rounds 2..T (round 1
-holds the actors' start-up), for ``100k`` over the rounds before the evaluated one.
+holds the actors' start-up), for ``100k`` and ``sizes`` over the rounds before the evaluated one.
 
-    .venv/bin/python benchmarks/scale.py                      # both sizes, 5 global rounds
+    .venv/bin/python benchmarks/scale.py                      # 3500 and 100k, 5 global rounds
     .venv/bin/python benchmarks/scale.py --only 100k --rounds 4
+    .venv/bin/python benchmarks/scale.py --only sizes --rounds 4 [--sizes 10000,100000,1000000] [--algorithms fedavg,bhfl]
 """
 
 from __future__ import annotations
@@ -65,8 +76,11 @@ def child_run(overrides: list[str], out: Path) -> dict:
     from hfl.runtime.simulate import run
 
     summary = run(config(overrides), out)
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     return {"round_seconds": read_checkpoint(out).recorder["round_seconds"],
-            "gm": summary["final"].get("gm_accuracy"), "pm": summary["final"].get("pm_accuracy")}
+            "gm": summary["final"].get("gm_accuracy"), "pm": summary["final"].get("pm_accuracy"),
+            "gm_devices": last.get("gm_eval_devices"), "gm_ci_low": last.get("gm_accuracy_ci_low"),
+            "gm_ci_high": last.get("gm_accuracy_ci_high")}
 
 
 def child_build(overrides: list[str]) -> dict:
@@ -148,13 +162,53 @@ def section_100k(tmp: Path, rounds: int) -> None:
           f"  = {per_process / default['peak_gib']:.1f}x the default's whole run, in each of the driver and the actors")
 
 
-SECTIONS = {"3500": section_3500, "100k": section_100k}
+def size_overrides(algorithm: str, devices: int) -> list[str]:
+    """1,000 devices trained per round whatever the federation's size (see the module's ``sizes``)."""
+    if algorithm == "fedavg":
+        per_server = devices // 100
+        return ["algorithm=fedavg", "topology=tree", f"topology.fanout=[100,{per_server}]",
+                f"algorithm.sample_fraction=[1,{10 / per_server:g}]"]
+    per_server = devices // 100
+    return ["algorithm=bhfl", "topology=tree", f"topology.fanout=[10,10,{per_server}]",
+            f"algorithm.sample_fraction=[1,0.5,{20 / per_server:g}]"]
+
+
+def section_sizes(tmp: Path, rounds: int, sizes: list[int], algorithms: list[str], full_million: bool) -> None:
+    rounds = max(rounds, 3)
+    print(f"\nSizes at the same sampled work (1,000 devices trained per round), Synthetic, MCLR, default Ray "
+          f"simulation, {rounds} global rounds, evaluated at round {rounds} only; s/round: median of rounds "
+          f"2..{rounds - 1}; eval: the evaluated round less s/round")
+    print(f"  {'devices':>9} {'algorithm':<9} {'eval_fraction':<13} {'s/round':>8} {f'round {rounds}':>8} "
+          f"{'its eval':>8} {'peak GiB':>9} {'GM %':>6} {'GM 95% interval':>16} {'tested':>8}")
+    for algorithm in algorithms:
+        for devices in sizes:
+            for fraction in ("0.01", "1"):
+                if fraction == "1" and devices >= 1_000_000 and not full_million:
+                    print(f"  {devices:>9,} {algorithm:<9} {fraction:<13} skipped (--full-million: every device "
+                          "regenerated and tested)")
+                    continue
+                overrides = [*size_overrides(algorithm, devices), f"global_rounds={rounds}", f"eval_every={rounds}",
+                             f"eval_fraction={fraction}"]
+                r = in_child("run", overrides, LAZY, tmp / f"sizes-{algorithm}-{devices}-{fraction}")
+                fit = statistics.median(r["round_seconds"][1:-1])
+                last = r["round_seconds"][-1]
+                low, high = r.get("gm_ci_low"), r.get("gm_ci_high")
+                interval = f"{pct(low)}-{pct(high).strip()}" if low is not None else "-"
+                tested = f"{r['gm_devices']:,}" if r.get("gm_devices") else "all"
+                print(f"  {devices:>9,} {algorithm:<9} {fraction:<13} {fit:8.2f} {last:8.2f} {last - fit:8.2f} "
+                      f"{r['peak_gib']:9.2f} {pct(r['gm'])} {interval:>16} {tested:>8}", flush=True)
+
+
+SECTIONS = {"3500": section_3500, "100k": section_100k, "sizes": section_sizes}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sizes: {', '.join(SECTIONS)}")
+    parser.add_argument("--only", default="3500,100k", help=f"comma-separated sections: {', '.join(SECTIONS)}")
     parser.add_argument("--rounds", type=int, default=5, help="global rounds per run (medians over rounds 2..T)")
+    parser.add_argument("--sizes", default="10000,100000,1000000", help="devices per federation for --only sizes")
+    parser.add_argument("--algorithms", default="fedavg,bhfl", help="fedavg and/or bhfl, for --only sizes")
+    parser.add_argument("--full-million", action="store_true", help="also evaluate every device at 1,000,000")
     parser.add_argument("--child", choices=["run", "build"], help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
@@ -172,7 +226,11 @@ def main() -> int:
     print(f"{os.cpu_count()} cores; peak memory = the largest sum of RSS over a run's processes (psutil, every 0.1 s)")
     with tempfile.TemporaryDirectory(prefix="hfl-scale-") as tmp:
         for name in names:
-            SECTIONS[name](Path(tmp), args.rounds)
+            if name == "sizes":
+                section_sizes(Path(tmp), args.rounds, [int(n) for n in args.sizes.split(",") if n],
+                              [a for a in args.algorithms.split(",") if a], args.full_million)
+            else:
+                SECTIONS[name](Path(tmp), args.rounds)
     return 0
 
 

@@ -15,6 +15,7 @@ import torch
 from hfl.device.training import LocalTrainer, to_tensors
 from hfl.errors import ConfigError
 from hfl.models import build_model
+from hfl.output.console import round_line
 from hfl.node.evaluation import accuracy_interval, pool_evaluations, target_report, DeviceScore
 from hfl.runtime.build import eval_fraction, federation_for
 from hfl.runtime.simulate import run
@@ -80,7 +81,13 @@ def test_pooled_figures_carry_devices_samples_and_interval_only_when_sampled():
     assert sampled["gm_accuracy"] == full["gm_accuracy"] == 0.625
     assert (sampled["gm_eval_devices"], sampled["gm_eval_samples"]) == (2, 8)
     assert sampled["gm_accuracy_ci_low"] == pytest.approx(0.625 - 1.959964 * 0.1237437, abs=1e-6)
+    # the client mean (0.5 + 0.75) / 2 = 0.625; s^2 = 2 x 0.125^2 / 1; se = sqrt(0.98 x 0.03125 / 2) = 0.1237437
+    assert sampled["gm_client_mean_accuracy"] == 0.625
+    assert sampled["gm_client_mean_accuracy_ci_high"] == pytest.approx(0.625 + 1.959964 * 0.1237437, abs=1e-6)
     assert {k: v for k, v in sampled.items() if "eval_" not in k and "_ci_" not in k} == full
+    line = {"round": 3, **sampled, "seconds": 1.0}
+    assert round_line(line, 3) == "round 3/3  GM  62.50%  GM loss 0.3750  tested on 2 devices  1.00s"
+    assert "tested" not in round_line({"round": 3, **full, "seconds": 1.0}, 3)
 
 
 # ---------------------------------------------------------------- the config

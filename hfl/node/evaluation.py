@@ -83,14 +83,19 @@ def _level_order(target: str) -> tuple[int, int]:
     return (2, 0)  # gm
 
 
-def accuracy_interval(rows: Sequence[tuple[int, int]], population: int, z: float = Z95) -> tuple[float, float] | None:
+def accuracy_interval(rows: Sequence[tuple[float, float]], population: int,
+                      z: float = Z95) -> tuple[float, float] | None:
     """A 95 % interval of the pooled accuracy p = Σc / Σn of ``rows`` (correct, n), one per device,
     when those m devices are a sample of ``population``: the normal interval of a ratio estimator
     with the devices as the sampling units (a device's test samples are not independent draws, so
     a binomial interval on Σn would be too narrow when devices differ),
     p ± z · sqrt((1 - m/M) · s² / m) / n̄,  s² = Σ(c_i - p·n_i)² / (m - 1),  n̄ = Σn / m,
     clipped to [0, 1]; the finite-population factor makes it the point itself when m = M.
-    None for fewer than 2 devices (no spread to estimate) or no sample."""
+    None for fewer than 2 devices (no spread to estimate) or no sample. Rows (a_i, 1) give the
+    interval of the devices' mean accuracy (the client mean). The pooled figure is weighted by
+    test size: where a few devices hold much of the data (Synthetic's lognormal sizes: 1 % of the
+    devices hold a third of the samples) a small device sample seldom holds them, and its interval
+    covers the federation's figure less often than 95 %; the client mean's does not depend on sizes."""
     m = len(rows)
     total = sum(n for _, n in rows)
     if m < 2 or total == 0:
@@ -114,8 +119,9 @@ def pool_evaluations(reports: Sequence[Mapping[str, Scalar]], population: int | 
     ``population``: the federation's devices, given where evaluation is sampled (top-level
     ``eval_fraction``). Each model level tested on fewer devices than that also reports the
     devices and test samples behind its figure (``<level>_eval_devices``, ``<level>_eval_samples``)
-    and the 95 % interval of its accuracy (``<level>_accuracy_ci_low`` / ``_ci_high``,
-    ``accuracy_interval``); a full evaluation's lines are as they always were."""
+    and 95 % intervals of its accuracy (``<level>_accuracy_ci_low`` / ``_ci_high``) and of its
+    client mean (``<level>_client_mean_accuracy_ci_low`` / ``_ci_high``) (``accuracy_interval``);
+    a full evaluation's lines are as they always were."""
     total = add_reports([_canonical(r) for r in reports])
     pooled: dict[str, float | None] = {}
     targets = sorted(set(targets_of(total)) | {"pm", "gm", "level1"}, key=_level_order)
@@ -136,6 +142,9 @@ def pool_evaluations(reports: Sequence[Mapping[str, Scalar]], population: int | 
             pooled[f"{target}_eval_devices"], pooled[f"{target}_eval_samples"] = len(rows), n
             pooled[f"{target}_accuracy_ci_low"], pooled[f"{target}_accuracy_ci_high"] = \
                 accuracy_interval(rows, population) or (None, None)
+            mean = f"{target}_{CLIENT_MEAN}_accuracy"
+            pooled[f"{mean}_ci_low"], pooled[f"{mean}_ci_high"] = \
+                accuracy_interval([(a, 1) for a in per_device], population) or (None, None)
     for key in [k for k in pooled if k.startswith("level1_")]:
         pooled["team_" + key[len("level1_"):]] = pooled[key]
     pooled[f"{CLIENT_MEAN}_accuracy"] = pooled.get(f"pm_{CLIENT_MEAN}_accuracy")

@@ -68,6 +68,9 @@ def round_line(line: Mapping, num_rounds: int) -> str:
         if first_value(line, (key,)) is not None:
             parts.append(f"{name} loss {line[key]:.4f}")
             break
+    tested = [int(v) for k, v in line.items() if k.endswith("_eval_devices") and v is not None]
+    if tested:  # a sampled evaluation (eval_fraction): the devices behind the figures
+        parts.append(f"tested on {max(tested):,} devices")
     parts.append(f"{float(line.get('seconds') or 0):.2f}s")
     return "  ".join(parts)
 
