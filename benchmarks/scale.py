@@ -19,8 +19,8 @@ processes (driver, Ray's processes and the team actors) for
 - ``sizes`` (issue 38): 10,000 / 100,000 / 1,000,000 devices at the same sampled work, Synthetic,
   MCLR, the default Ray simulation; FedAvg on 100 servers of N/100 devices asking 10 of them a round
   (``sample_fraction=[1,1000/N]``), and B-HFL on a depth-3 tree of 10 x 10 servers, half of each
-  level-1 node's servers asked and 20 devices of each asked server (``[1,0.5,2000/N]``): 1,000
-  devices trained per round at every size. Each is run twice, evaluated at its last round only:
+  level-1 node's servers asked and 20 devices of each asked server (``[1,0.5,2000/N]``, one round
+  per call at each level: ``level_rounds=[1,1]``): 1,000 devices trained per round at every size. Each is run twice, evaluated at its last round only:
   on a sample (``eval_fraction=0.01``: 1 % of every lowest server's devices) and in full (every
   device; skipped at 1,000,000 unless ``--full-million``: it would regenerate and test every
   device's data, about 10x the 100,000-device figure). Printed: seconds per unevaluated round,
@@ -169,27 +169,29 @@ def size_overrides(algorithm: str, devices: int) -> list[str]:
         return ["algorithm=fedavg", "topology=tree", f"topology.fanout=[100,{per_server}]",
                 f"algorithm.sample_fraction=[1,{10 / per_server:g}]"]
     per_server = devices // 100
+    # One round per call at each level (B-HFL's default is 10 at the lowest): 50 servers x 20 devices.
     return ["algorithm=bhfl", "topology=tree", f"topology.fanout=[10,10,{per_server}]",
-            f"algorithm.sample_fraction=[1,0.5,{20 / per_server:g}]"]
+            f"algorithm.sample_fraction=[1,0.5,{20 / per_server:g}]", "algorithm.level_rounds=[1,1]"]
 
 
-def section_sizes(tmp: Path, rounds: int, sizes: list[int], algorithms: list[str], full_million: bool) -> None:
+def section_sizes(tmp: Path, rounds: int, sizes: list[int], algorithms: list[str], full_million: bool,
+                  settings: list[str], fractions: list[str]) -> None:
     rounds = max(rounds, 3)
     print(f"\nSizes at the same sampled work (1,000 devices trained per round), Synthetic, MCLR, default Ray "
           f"simulation, {rounds} global rounds, evaluated at round {rounds} only; s/round: median of rounds "
-          f"2..{rounds - 1}; eval: the evaluated round less s/round")
+          f"2..{rounds - 1}; eval: the evaluated round less s/round; {' '.join(settings) or 'default device cache'}")
     print(f"  {'devices':>9} {'algorithm':<9} {'eval_fraction':<13} {'s/round':>8} {f'round {rounds}':>8} "
           f"{'its eval':>8} {'peak GiB':>9} {'GM %':>6} {'GM 95% interval':>16} {'tested':>8}")
     for algorithm in algorithms:
         for devices in sizes:
-            for fraction in ("0.01", "1"):
+            for fraction in fractions:
                 if fraction == "1" and devices >= 1_000_000 and not full_million:
                     print(f"  {devices:>9,} {algorithm:<9} {fraction:<13} skipped (--full-million: every device "
                           "regenerated and tested)")
                     continue
                 overrides = [*size_overrides(algorithm, devices), f"global_rounds={rounds}", f"eval_every={rounds}",
                              f"eval_fraction={fraction}"]
-                r = in_child("run", overrides, LAZY, tmp / f"sizes-{algorithm}-{devices}-{fraction}")
+                r = in_child("run", overrides, settings, tmp / f"sizes-{algorithm}-{devices}-{fraction}")
                 fit = statistics.median(r["round_seconds"][1:-1])
                 last = r["round_seconds"][-1]
                 low, high = r.get("gm_ci_low"), r.get("gm_ci_high")
@@ -209,6 +211,9 @@ def main() -> int:
     parser.add_argument("--sizes", default="10000,100000,1000000", help="devices per federation for --only sizes")
     parser.add_argument("--algorithms", default="fedavg,bhfl", help="fedavg and/or bhfl, for --only sizes")
     parser.add_argument("--full-million", action="store_true", help="also evaluate every device at 1,000,000")
+    parser.add_argument("--eval-fractions", default="0.01,1", help="eval_fraction of each run, for --only sizes")
+    parser.add_argument("--cache-mb", type=float, default=None,
+                        help="dataset.cache_mb for --only sizes (default: the config's, 512)")
     parser.add_argument("--child", choices=["run", "build"], help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
@@ -228,7 +233,9 @@ def main() -> int:
         for name in names:
             if name == "sizes":
                 section_sizes(Path(tmp), args.rounds, [int(n) for n in args.sizes.split(",") if n],
-                              [a for a in args.algorithms.split(",") if a], args.full_million)
+                              [a for a in args.algorithms.split(",") if a], args.full_million,
+                              [] if args.cache_mb is None else [f"dataset.cache_mb={args.cache_mb:g}"],
+                              [f for f in args.eval_fractions.split(",") if f])
             else:
                 SECTIONS[name](Path(tmp), args.rounds)
     return 0

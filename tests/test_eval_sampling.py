@@ -176,3 +176,29 @@ def test_depth_three_samples_at_every_level_and_ray_equals_inprocess(tmp_path):
         assert a["gm_eval_devices"] == b["gm_eval_devices"] == 4
         for key in ("gm_accuracy", "pm_accuracy", "level2_accuracy", "gm_accuracy_ci_low"):
             assert a[key] == pytest.approx(b[key], abs=1e-6), key
+
+
+def test_the_hooks_a_deployment_uses_get_the_sample_alone(tmp_path):
+    """A deployment's node evaluates through evaluate_targets / evaluate_many over the manager the
+    engine hands them (hfl.deploy.grid): the sampled children only, the record naming them."""
+    from hfl.node.inprocess import evaluate_children
+    from hfl.node.payload import pack
+    from hfl.runtime.build import build_team_node, initial_model
+
+    cfg = compose_cfg(*SMALL, "runtime=inprocess", "algorithm=fedavg", "topology.devices_per_team=10",
+                      "eval_fraction=0.3")
+    cfg["runtime"]["state_dir"] = str(tmp_path)
+    asked = []
+
+    def targets(manager, asks):  # noqa: ANN001, ANN202 - the EvaluateTargets hook
+        asked.append(sorted(manager.all()))
+        return [evaluate_children(manager, sent, ask) for sent, ask in asks]
+
+    node = build_team_node(cfg, 1, tmp_path)
+    node.evaluate_targets = targets
+    arrays, meta = pack("parts", {"gm": initial_model(cfg, federation_for(cfg))})
+    _, _, metrics = node.evaluate(arrays, {**meta, "global_round": 4})
+    record = json.loads(metrics["eval_samples"])
+    assert record == [{"node": "1", "round": "4", "evaluated": asked[0]}] and len(asked) == 1
+    assert len(asked[0]) == 3  # ceil(0.3 x 10)
+    assert sorted(d for d, _, _ in json.loads(metrics["gm_devices"])) == [int(c) for c in asked[0]]
