@@ -112,3 +112,11 @@ def test_pflego_sums_every_devices_training_samples_from_the_size_draws():
     total = root.total_examples
     assert fed.devices.made == made  # no device made for it
     assert total == sum(len(fed.devices[d].y_train) for d in range(40))
+
+
+def test_a_lowest_node_finds_the_drawn_devices_it_holds_without_listing_its_children():
+    holds = DeviceHolds(DeviceCids(range(0, 1000, 2)))  # devices 0, 2, ..., 998
+    for drawn in (frozenset([4, 5, 998, 1000]), frozenset(range(3, 2000, 3))):  # from either side
+        assert holds.holding(drawn) == [c for c in holds if holds[c] & drawn]
+    big = DeviceHolds(DeviceCids([5, 100_001, 1_000_000]))
+    assert big.holding(frozenset([5, 1_000_000, 7])) == ["000005", "1000000"] == [c for c in big if c != "100001"]

@@ -149,7 +149,11 @@ class NodeClient(NumPyClient):
             if "devices" not in config:
                 raise RuntimeError(f"node {spec.path!r}: algorithm.sampling=devices but the parent sent no device list")
             drawn = parse_devices(str(config["devices"]))
-            asked = [c for c in children if self.holds.get(c.cid, frozenset()) & drawn]
+            holding = getattr(self.holds, "holding", None)  # a lowest node's lazy holds (hfl.runtime.children)
+            if holding is not None and hasattr(children, "get"):
+                asked = [children.get(cid) for cid in holding(drawn)]  # no proxy made for the others
+            else:
+                asked = [c for c in children if self.holds.get(c.cid, frozenset()) & drawn]
             if not asked:
                 raise RuntimeError(f"node {spec.path!r} was called but holds none of the drawn devices")
             return asked
