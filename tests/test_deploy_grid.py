@@ -1,4 +1,4 @@
-"""A deployed node's children behind the Grid (hfl.deploy.grid, hfl.deploy.node_server.Children),
+"""A deployed node's children behind the Grid (hfl.deploy.grid, hfl.deploy.children),
 on an in-memory Grid that answers with real NumPyClients through Flower's own legacy handler."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from flwr.client import NumPyClient
 from flwr.client.message_handler.message_handler import handle_legacy_message_from_msgtype
 from flwr.common import FitIns, GetPropertiesIns, ndarrays_to_parameters, parameters_to_ndarrays
 
-from hfl.deploy.grid import ChildFailed, GridClientManager, GridProxy, evaluate_together, fit_together
-from hfl.deploy.node_server import AbsentChild, Children
+from hfl.deploy import grid as grid_module
+from hfl.deploy.children import AbsentChild, Children, ChildrenManager
+from hfl.deploy.grid import ChildFailed, GridProxy, evaluate_together, fit_together
 from hfl.node.inprocess import client_manager_of
 
 
@@ -49,6 +50,8 @@ class MemoryGrid:
     def __init__(self, clients: dict[int, NumPyClient]) -> None:
         self.clients = clients
         self.down: set[int] = set()
+        self.dead: set[int] = set()  # answered by the SuperLink: "node unavailable" (missed heartbeats)
+        self.pushed: list[int] = []  # destination of every message pushed
         self.pending: dict[str, object] = {}
         self.ids = itertools.count()
         self.pulls = 0
@@ -62,6 +65,7 @@ class MemoryGrid:
             msg_id = f"m{next(self.ids)}"
             msg.metadata.__dict__["_message_id"] = msg_id
             self.pending[msg_id] = msg
+            self.pushed.append(msg.metadata.dst_node_id)
             out.append(msg_id)
         return out
 
@@ -71,6 +75,13 @@ class MemoryGrid:
         for msg_id in message_ids:
             msg = self.pending.get(msg_id)
             node = msg.metadata.dst_node_id
+            if node in self.dead:
+                from flwr.app import Error, Message
+                from flwr.common.constant import ErrorCode
+
+                replies.append(Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Node Unavailable"), reply_to=msg))
+                del self.pending[msg_id]
+                continue
             if node in self.down:
                 continue
             client = self.clients[node]
@@ -123,17 +134,49 @@ def test_children_are_named_by_the_tree_and_a_restarted_child_replaces_its_old_n
     assert [(p.cid, p.node_id) for p in proxies] == [("0.0", 23), ("0.1", 24)]
 
 
-def test_grid_client_manager_follows_the_grids_nodes() -> None:
-    grid = MemoryGrid({5: Doubler({"path": "0"}), 6: Doubler({"path": "1"})})
-    manager = GridClientManager(grid)
-    assert manager.wait_for(2, timeout=1) and sorted(manager.all()) == ["5", "6"]
-    del grid.clients[5]
-    assert manager.num_available() == 1 and not manager.wait_for(2, timeout=0.2)
-    props = manager.all()["6"].get_properties(GetPropertiesIns({}), timeout=1.0, group_id=None)
-    assert props.properties == {"path": "1"}
-    with pytest.raises(ChildFailed, match="no reply"):
-        grid.down.add(6)
-        manager.all()["6"].get_properties(GetPropertiesIns({}), timeout=0.1, group_id=None)
+def test_the_roots_manager_names_level1_nodes_by_path_and_fails_the_absent() -> None:
+    grid = MemoryGrid({5: Doubler({"path": "1"}), 6: Doubler({"path": "0"})})
+    manager = ChildrenManager(Children(grid, ["0", "1", "2"], devices=False, wait_seconds=0.2, timeout=1.0))
+    assert manager.wait_for(3) and manager.num_available() == 3
+    proxies = manager.all()
+    assert {cid: getattr(p, "node_id", None) for cid, p in proxies.items()} == {"0": 6, "1": 5, "2": None}
+    assert proxies["1"].get_properties(GetPropertiesIns({}), timeout=1.0, group_id=None).properties == {"path": "1"}
+    with pytest.raises(ChildFailed, match="2 is not connected"):
+        proxies["2"].get_properties(GetPropertiesIns({}), timeout=1.0, group_id=None)
+
+
+@pytest.fixture
+def quick_looks(monkeypatch):  # noqa: ANN001, ANN201
+    monkeypatch.setattr(grid_module, "RELOCATE_EVERY", 0.05)
+
+
+def test_a_message_to_a_child_started_again_is_sent_to_its_new_node(quick_looks) -> None:  # noqa: ANN001
+    """Device 1's SuperNode (node 11) dies mid-round without a word and comes back as node 31:
+    the fit waiting on 11 is pushed again to 31 and answered there; device 2 is answered once."""
+    grid = MemoryGrid({11: Doubler({"device_id": 1}), 12: Doubler({"device_id": 2})})
+    children = Children(grid, ["000001", "000002"], devices=True, wait_seconds=0.2, timeout=5.0, interval=0.01)
+    proxies = children.proxies()
+    grid.down.add(11)
+    grid.clients[31] = Doubler({"device_id": 1})
+    ins = FitIns(ndarrays_to_parameters([np.ones(2, dtype=np.float32)]), {"round": "2.1"})
+    first, second = fit_together([(p, ins) for p in proxies])
+    assert first.metrics == {"round": "2.1", "device_id": 1} and second.metrics["device_id"] == 2
+    assert grid.pushed[-4:] == [11, 12, 31, 31]  # the round's two messages, 31 asked who it is, 11's fit again
+    assert children.nodes == {"000001": 31, "000002": 12}
+
+
+def test_a_child_flower_reports_gone_fails_after_the_rejoin_wait_or_is_resent_when_back(quick_looks) -> None:  # noqa: ANN001
+    grid = MemoryGrid({11: Doubler({"path": "0.0"})})
+    children = Children(grid, ["0.0"], devices=False, wait_seconds=0.2, timeout=None, interval=0.01,
+                        rejoin_seconds=0.3)
+    (proxy,) = children.proxies()
+    grid.dead.add(11)
+    ins = FitIns(ndarrays_to_parameters([np.ones(2, dtype=np.float32)]), {"round": "1"})
+    (failed,) = fit_together([(proxy, ins)])  # no timeout, yet it ends: Flower said the node is gone
+    assert isinstance(failed, ChildFailed) and "Node Unavailable" in str(failed)
+    grid.clients[12] = Doubler({"path": "0.0"})  # back, before the rejoin wait ends
+    (ok,) = fit_together([(proxy, ins)])
+    assert ok.metrics == {"round": "1", "path": "0.0"} and grid.pushed[-1] == 12
 
 
 def test_a_node_server_counts_the_looks_its_superlink_did_not_answer() -> None:

@@ -154,6 +154,7 @@ def test_role_commands(tmp_path) -> None:
     link, bridge = roles.node_role("1.0", "region:9192", "/w", tls=tls, parent_ca="/g/ca.crt")
     assert link[:1] == ["flower-superlink"] and "--insecure" not in link
     assert link[link.index("--ssl-certfile") + 1] == str(paths["cert"])
+    assert link[link.index("--database") + 1] == "/w/superlink.db"  # started again, it knows its SuperNodes
     assert bridge[bridge.index("--superlink") + 1] == "region:9192"
     assert bridge[bridge.index("--root-certificates") + 1] == "/g/ca.crt"
     assert bridge[bridge.index("--node-config") + 1] == (
@@ -355,3 +356,65 @@ def test_a_device_asked_again_for_a_round_answers_as_before_without_training_aga
     assert sorted(after) == sorted(state) and all(np.array_equal(after[k], state[k]) for k in state)
     node.fit(gm, {**config, "round_path": "1.2"})  # the next round trains
     assert not np.array_equal(store.load("device-0")["personal_0"], state["personal_0"])
+
+
+class FakeLink:
+    """A Control API whose answers are scripted: per call, a (status, details), or an exception."""
+
+    def __init__(self, answers: list) -> None:  # noqa: ANN001
+        self.answers = answers
+        self.submitted: list[dict] = []
+        self.stopped: list[int] = []
+
+    def submit(self, config: dict, config_file) -> int:  # noqa: ANN001
+        self.submitted.append(dict(config))
+        return 100 + len(self.submitted)
+
+    def run_info(self, run_id: int) -> tuple[str, str]:
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def stop(self, run_id: int) -> None:
+        self.stopped.append(run_id)
+
+
+def test_submit_resumes_a_run_lost_with_its_serverapp_but_not_one_that_failed_by_itself(tmp_path) -> None:
+    from hfl.deploy.submit import LOST, retriable, see_through
+
+    assert retriable(LOST, "") and retriable("finished:failed", "Task failed because the run expired")
+    assert not retriable("finished:failed", "ServerApp failed with exception: global round 2: no team model")
+    assert not retriable("finished:completed", "") and not retriable("finished:stopped", "")
+    # The global SuperLink goes away (the CLI cannot reach it), comes back, and the run it had
+    # expired with its ServerApp: submitted again with resume=true (an old resume= dropped), completed.
+    link = FakeLink([("running", ""), RuntimeError("Connection to the SuperLink is unavailable"),
+                     ("finished:failed", "Task failed with unknown error."), ("finished:completed", "")])
+    config = {"overrides": "global_rounds=4 resume=false", "output-dir": "/o", "run-name": "r", "state-key": "k"}
+    lines: list[str] = []
+    status = see_through(link, config, tmp_path / "c.toml", timeout=60, restarts=3, reconnect_seconds=30, poll=0.01,
+                         say=lines.append)
+    assert status == "finished:completed"
+    assert [c["overrides"] for c in link.submitted] == ["global_rounds=4 resume=false", "global_rounds=4 resume=true"]
+    assert {c["state-key"] for c in link.submitted} == {"k"}  # the hosts keep the same experiment's state
+    assert "submitted again, resuming" in lines[2]
+    # A ServerApp that raised is reported, not retried; a SuperLink that forgot the run is retried.
+    link = FakeLink([("finished:failed", "ServerApp failed with exception: bad")])
+    assert see_through(link, config, tmp_path / "c.toml", 60, 3, 30, poll=0.01, say=lines.append) == "finished:failed"
+    assert len(link.submitted) == 1
+    link = FakeLink([LookupError("Run ID 101 not found"), ("finished:completed", "")])
+    assert see_through(link, config, tmp_path / "c.toml", 60, 3, 30, poll=0.01, say=lines.append) == "finished:completed"
+    assert len(link.submitted) == 2
+    # At most `restarts` submissions again.
+    link = FakeLink([LookupError("not found")] * 3)
+    assert see_through(link, config, tmp_path / "c.toml", 60, 2, 30, poll=0.01, say=lines.append) == LOST
+    assert len(link.submitted) == 3
+
+
+def test_submit_gives_up_on_a_superlink_away_longer_than_it_waits(tmp_path) -> None:
+    from hfl.deploy.submit import follow
+
+    link = FakeLink([RuntimeError("unavailable")] * 50)
+    clock = iter(range(0, 1000, 10))
+    with pytest.raises(RuntimeError, match="has not answered for 30 s"):
+        follow(link, 7, deadline=10_000, reconnect_seconds=30, poll=0, clock=lambda: next(clock), sleep=lambda _: None)

@@ -252,6 +252,77 @@ def test_a_node_server_killed_mid_round_is_started_again_and_the_run_ends_as_if_
     assert summary["rounds"] == 3 and summary["failures"] == 0
 
 
+def asked_round(work: Path, global_round: int) -> bool:
+    """The node server's mailbox holds its parent's fit request of ``global_round``."""
+    for request in (work / "requests").glob("fit-*.json"):
+        if int(json.loads(request.read_text())["config"]["global_round"]) == global_round:
+            return True
+    return False
+
+
+def kill_root_serverapp(dep: Deployment) -> list[int]:
+    """SIGKILL the flwr-serverapp process of the root's run (started by the global SuperLink)."""
+    found = subprocess.run(["pgrep", "-f", f"flwr-serverapp.*127.0.0.1:{dep.ports['global']}"], capture_output=True,
+                           text=True, check=False).stdout.split()
+    for pid in found:
+        os.kill(int(pid), signal.SIGKILL)
+    return [int(p) for p in found]
+
+
+@pytest.mark.slow  # ~8 minutes: make test-deploy, or pytest -m deployment
+def test_every_kind_of_process_killed_mid_round_and_started_again_ends_as_never_killed(tmp_path: Path) -> None:
+    """One run, one crash of each kind, each mid-round and each started again with its own
+    command: round 1 a device SuperNode; round 2 node 0's bridge SuperNode and node 1's SuperLink
+    (its node server goes with it); round 3 the root's ServerApp; round 4 the global SuperLink
+    (hfl-deploy submit submits the root again, resuming). Every model and state ends as in the
+    in-process run; no round counted a failure."""
+    overrides = [*BASE, "global_rounds=4", "eval_every=4", "algorithm.team_rounds=1"]
+    crashes: list[str] = []
+
+    def chaos(dep: Deployment, out: Path):
+        cmd = [sys.executable, "-m", "hfl.deploy.cli", "submit", "--superlink", dep.global_address,
+               "--output-dir", str(out), "--run-name", "chaos", *overrides, "runtime=deployment",
+               "runtime.device_wait_seconds=60"]
+        submit = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        node0 = dep.root / "node-0-work"
+
+        def at_round(r: int) -> None:
+            _wait_until(lambda: any(asked_round(w, r) for w in node0.glob("run-*")), 600)
+
+        device = dep.tree.devices("0")[0]
+        device_log = dep.root / f"device{device}.log"
+        at_round(1)
+        _wait_until(lambda: "Receiving: train message" in device_log.read_text(errors="replace"), 300)
+        dep.kill(f"device{device}")  # its fit message in hand
+        dep.start_device(device)
+        crashes.append("device")
+        at_round(2)
+        dep.kill("bridge-0")
+        dep.kill("link-1")
+        dep.start_node("0", ("bridge",))
+        dep.start_node("1", ("link",))
+        crashes.append("bridge, node SuperLink")
+        at_round(3)
+        _wait_until(lambda: kill_root_serverapp(dep), 60)
+        crashes.append("root ServerApp")
+        at_round(4)
+        dep.kill("global")
+        dep.start_global()
+        crashes.append("global SuperLink")
+        stdout, stderr = submit.communicate(timeout=900)
+        return subprocess.CompletedProcess(cmd, submit.returncode, stdout, stderr)
+
+    run_dir, dep = deployed(tmp_path, overrides, during=chaos)
+    assert len(crashes) == 4
+    sim_dir = simulated(tmp_path, overrides)
+    assert_same_run(run_dir, sim_dir)
+    assert_same_states(dep, run_dir, sim_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds"] == 4 and summary["failures"] == 0
+    assert "resuming the run" in (run_dir / "root.log").read_text()
+    assert "sending its message again" in next((dep.root / "node-0-work").glob("run-*/node.log")).read_text()
+
+
 def test_supernode_auth_admits_only_registered_nodes(tmp_path: Path) -> None:
     """hfl-deploy's --supernode-auth / node-key / register / --auth-key are Flower's mechanism:
     a registered device connects, an unregistered one is refused."""

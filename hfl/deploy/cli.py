@@ -4,7 +4,7 @@
     hfl-deploy node --path 0.1 --parent HOST:9192 --work-dir DIR [--port 9192] ...  # each inner node's host
     hfl-deploy team --team-id 0 --global HOST:9092 --work-dir DIR ...      # = node --path 0 --parent HOST:9092
     hfl-deploy device --device-id 3 --parent HOST:9192 [--node-port 9094]  # each device
-    hfl-deploy submit --superlink HOST:9092 --output-dir /abs/out [OVERRIDES...]
+    hfl-deploy submit --superlink HOST:9092 --output-dir /abs/out [--run-name N] [OVERRIDES...]
     hfl-deploy simulate [--output-dir DIR] [OVERRIDES...]                 # `flwr run .` on a local simulation SuperLink
     hfl-deploy certs --out DIR --name HOST [--name HOST ...]               # TLS files
     hfl-deploy node-key --out DIR --name device-3                          # SuperNode auth keys
@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import shlex
 import signal
 import subprocess
@@ -62,7 +63,7 @@ def _tls(args: argparse.Namespace) -> roles.ServerTls | None:
 
 def role_commands(args: argparse.Namespace) -> list[list[str]]:
     if args.command == "global":
-        return roles.global_role(args.host, args.port, _tls(args), args.supernode_auth)
+        return roles.global_role(args.host, args.port, _tls(args), args.supernode_auth, args.database)
     if args.command in ("node", "team"):
         path = args.path if args.command == "node" else str(args.team_id)
         return roles.node_role(
@@ -91,16 +92,30 @@ def submit(args: argparse.Namespace) -> int:
     output_dir = Path(args.output_dir)
     if not output_dir.is_absolute():
         raise SystemExit("hfl-deploy submit: --output-dir must be absolute (it is a path on the global host)")
+    from hfl.deploy.submit import COMPLETED, see_through
+
+    run_name = args.run_name or time.strftime("%Y-%m-%d_%H-%M-%S")
     with tempfile.TemporaryDirectory(prefix="hfl-submit-") as home:
         link = ControlClient(args.superlink, args.root_certificates or "", Path(home), Path(args.app_dir))
-        run_config = {"tier": "global", "overrides": shlex.join(overrides), "output-dir": str(output_dir)}
-        run_id = link.submit(run_config, Path(home) / "run-config.toml")
-        print(f"hfl-deploy: run {run_id} submitted; outputs on the global host under {output_dir}", flush=True)
+        run_config = {"tier": "global", "overrides": shlex.join(overrides), "output-dir": str(output_dir),
+                      "run-name": run_name, "state-key": experiment_key(output_dir / run_name)}
         if args.no_wait:
+            run_id = link.submit(run_config, Path(home) / "run-config.toml")
+            print(f"hfl-deploy: run {run_id} submitted; outputs on the global host in {output_dir / run_name}",
+                  flush=True)
             return 0
-        status = link.wait(run_id, args.timeout, poll=5.0)
-    print(f"hfl-deploy: run {run_id} {status}", flush=True)
-    return 0 if status == "finished:completed" else 1
+        status = see_through(link, run_config, Path(home) / "run-config.toml", args.timeout, args.restarts,
+                             args.reconnect_seconds, say=lambda line: print(line, flush=True))
+    if status != COMPLETED:
+        print(f"hfl-deploy: to go on with the run after its last completed round: hfl-deploy submit ... "
+              f"--run-name {run_name} {shlex.join([*args.overrides, 'resume=true'])}", flush=True)
+    return 0 if status == COMPLETED else 1
+
+
+def experiment_key(run_dir: Path) -> str:
+    """What names the experiment on every host (their state folders): the same for a run
+    submitted again to resume, whatever Flower's run id."""
+    return f"run-{run_dir.name}-{hashlib.sha1(str(run_dir).encode()).hexdigest()[:8]}"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -118,6 +133,8 @@ def parser() -> argparse.ArgumentParser:
         link.add_argument("--port", type=int, default=port, help="the SuperLink's port (all its APIs)")
         link.add_argument("--tls", help="directory with ca.crt, server.pem, server.key (else insecure)")
         link.add_argument("--supernode-auth", action="store_true", help="only registered SuperNodes may connect")
+    g.add_argument("--database", help="the SuperLink's state file (SQLite): started again on it, the SuperLink "
+                                      "knows its SuperNodes (default: in memory)")
     n.add_argument("--path", required=True, help="the node's path in the topology, e.g. 0.1")
     t.add_argument("--team-id", type=int, required=True)
     d.add_argument("--device-id", type=int, required=True)
@@ -140,6 +157,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--app-dir", default=str(PROJECT_DIR), help="the Flower app (this project)")
     s.add_argument("--timeout", type=float, default=7 * 24 * 3600)
     s.add_argument("--no-wait", action="store_true")
+    s.add_argument("--run-name", help="the run's folder under --output-dir (default: the time); with resume=true, "
+                                      "the run to go on with")
+    s.add_argument("--restarts", type=int, default=3,
+                   help="how many times a run lost with the root's ServerApp or SuperLink is submitted again, resuming")
+    s.add_argument("--reconnect-seconds", type=float, default=600.0,
+                   help="how long to wait for a global SuperLink that does not answer")
     s.add_argument("overrides", nargs="*", help="Hydra overrides, as for hfl-simulate")
 
     m = sub.add_parser("simulate", help="`flwr run .` on a local simulation SuperLink, in one command")
@@ -176,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.print:
                 print("\n".join(shlex.join(c) for c in commands))
                 return 0
+            if args.command in ("node", "team"):
+                Path(args.work_dir).mkdir(parents=True, exist_ok=True)  # its SuperLink's database is there
             return supervise(commands)
         if args.command == "submit":
             return submit(args)

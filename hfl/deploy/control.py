@@ -49,7 +49,18 @@ class ControlClient:
         return int(self._cli("run", str(self.app_dir), CONNECTION, "--run-config", str(config_file), *extra)["run-id"])
 
     def status(self, run_id: int) -> str:
-        return str(self._cli("ls", CONNECTION, "--run-id", str(run_id))["runs"][0]["status"])
+        return self.run_info(run_id)[0]
+
+    def run_info(self, run_id: int) -> tuple[str, str]:
+        """The run's status and Flower's details of it; LookupError if the SuperLink does not
+        know the run, RuntimeError if it does not answer."""
+        try:
+            run = self._cli("ls", CONNECTION, "--run-id", str(run_id))["runs"][0]
+        except RuntimeError as exc:
+            if "not found" in str(exc):
+                raise LookupError(str(exc)) from exc
+            raise
+        return str(run["status"]), str(run.get("status-details", ""))
 
     def stop(self, run_id: int) -> None:
         try:

@@ -35,6 +35,7 @@ from flwr.common import (
     MessageTypeLegacy,
     ReconnectIns,
 )
+from flwr.common.constant import ErrorCode
 from flwr.compat.common import recorddict_compat as compat
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -50,38 +51,82 @@ INTERVAL = 0.02
 MAX_INTERVAL = 0.25
 
 
+# Seconds between looks, while replies are awaited, for children that came back as new Flower nodes.
+RELOCATE_EVERY = 2.0
+Relocate = Callable[[Sequence[int]], dict[int, int]]  # node ids awaited -> the newer node of the same child
+
+
 class ChildFailed(RuntimeError):
     """A child's reply carried an error, or none came before the deadline."""
 
 
 def exchange(grid: Grid, messages: Sequence[Message], timeout: float | None,
-             interval: float = INTERVAL) -> list[Message | ChildFailed]:
+             interval: float = INTERVAL, relocate: Relocate | None = None,
+             rejoin_seconds: float = 60.0) -> list[Message | ChildFailed]:
     """Push ``messages`` together, pull their replies (``interval`` after the push, then less and
     less often, hfl.deploy.grid.MAX_INTERVAL at most) until all are in or ``timeout`` passes; per
-    message, in order, its reply or the failure."""
-    ids = list(grid.push_messages(messages))
-    waiting = {i for i in ids if i}
-    replies: dict[str, Message] = {}
-    deadline = None if timeout is None else time.monotonic() + timeout
+    message, in order, its reply or the failure.
+
+    With ``relocate`` (hfl.deploy.children.Children.relocate), a message whose child came back
+    as a new Flower node (its process killed and started again) is pushed again to that node:
+    looked for every RELOCATE_EVERY seconds, and once Flower reports the old node gone, for
+    ``rejoin_seconds`` more before the child counts as failed. Children answer a message they
+    see again as they did the first time (hfl.deploy.device, hfl.deploy.bridge)."""
+    n = len(messages)
+    dst = [m.metadata.dst_node_id for m in messages]
+    current: list[str | None] = [mid or None for mid in grid.push_messages(messages)]
+    replies: dict[int, Message] = {}
+    gone: dict[int, tuple[Message, float]] = {}  # message index -> Flower's "node unavailable", since when
+    start = time.monotonic()
+    deadline = None if timeout is None else start + timeout
+    next_look = start + RELOCATE_EVERY
     wait = interval
-    while waiting:
-        for reply in grid.pull_messages(list(waiting)):
-            replies[reply.metadata.reply_to_message_id] = reply
-            waiting.discard(reply.metadata.reply_to_message_id)
-        if not waiting or (deadline is not None and time.monotonic() > deadline):
+    while True:
+        inflight = {mid: i for i, mid in enumerate(current) if mid is not None and i not in replies}
+        for reply in grid.pull_messages(list(inflight)) if inflight else ():
+            i = inflight[reply.metadata.reply_to_message_id]
+            if relocate is not None and reply.has_error() and reply.error.code == ErrorCode.NODE_UNAVAILABLE:
+                gone[i] = (reply, time.monotonic())
+                current[i] = None
+            else:
+                replies[i] = reply
+        now = time.monotonic()
+        if relocate is not None and (gone or now >= next_look) and len(replies) < n:
+            waiting = [i for i in range(n) if i not in replies]
+            moved = relocate([dst[i] for i in waiting])
+            for i in waiting:
+                if dst[i] in moved:
+                    log.info("node %s is back as node %s: sending its message again", dst[i], moved[dst[i]])
+                    dst[i] = moved[dst[i]]
+                    (current[i],) = grid.push_messages([again(messages[i], dst[i])])
+                    gone.pop(i, None)
+                    wait = interval
+            next_look = now + RELOCATE_EVERY
+        for i, (reply, since) in list(gone.items()):
+            if now - since > rejoin_seconds:
+                replies[i] = reply
+                del gone[i]
+        if len(replies) == n or (deadline is not None and now > deadline):
             break
-        time.sleep(wait)
+        time.sleep(wait if not gone else min(wait, 1.0))
         wait = min(wait * 1.5, max(interval, MAX_INTERVAL))
     out: list[Message | ChildFailed] = []
-    for msg, msg_id in zip(messages, ids, strict=True):
-        reply = replies.get(msg_id)
+    for i, msg in enumerate(messages):
+        reply = replies.get(i) or (gone[i][0] if i in gone else None)
         if reply is None:
-            out.append(ChildFailed(f"node {msg.metadata.dst_node_id}: no reply within {timeout} s"))
+            out.append(ChildFailed(f"node {dst[i]}: no reply within {timeout} s"))
         elif reply.has_error():
-            out.append(ChildFailed(f"node {msg.metadata.dst_node_id}: {reply.error.reason}"))
+            out.append(ChildFailed(f"node {dst[i]}: {reply.error.reason}"))
         else:
             out.append(reply)
     return out
+
+
+def again(message: Message, node_id: int) -> Message:
+    """``message`` for another node: same content, type, group and time to live."""
+    meta = message.metadata
+    return Message(content=message.content, dst_node_id=node_id, message_type=meta.message_type,
+                   ttl=meta.ttl, group_id=meta.group_id)
 
 
 def ask_properties(grid: Grid, node_ids: Sequence[int], config: dict, timeout: float | None,
@@ -108,12 +153,14 @@ class GridProxy(ClientProxy):
     ``"000042"``), reached at Flower node ``node_id``."""
 
     def __init__(self, cid: str, node_id: int, grid: Grid, timeout: float | None = None,
-                 interval: float = INTERVAL) -> None:
+                 interval: float = INTERVAL, relocate: Relocate | None = None, rejoin_seconds: float = 60.0) -> None:
         super().__init__(cid)
         self.node_id = node_id
         self.grid = grid
         self.timeout = timeout
         self.interval = interval
+        self.relocate = relocate  # where a child that was started again is now (hfl.deploy.children)
+        self.rejoin_seconds = rejoin_seconds
 
     def message(self, content: RecordDict, message_type: str, timeout: float | None = None) -> Message:
         return Message(content=content, dst_node_id=self.node_id, message_type=message_type,
@@ -121,7 +168,7 @@ class GridProxy(ClientProxy):
 
     def _call(self, content: RecordDict, message_type: str, timeout: float | None) -> RecordDict:
         (reply,) = exchange(self.grid, [self.message(content, message_type, timeout)], timeout or self.timeout,
-                            self.interval)
+                            self.interval, self.relocate, self.rejoin_seconds)
         if isinstance(reply, ChildFailed):
             raise reply
         return reply.content
@@ -164,7 +211,8 @@ def _together(calls: Sequence[tuple[ClientProxy, Any]], encode: Callable, messag
     messages = [proxy.message(encode(ins, keep_input=True), message_type) for _, proxy, ins in remote]
     timeouts = [proxy.timeout for _, proxy, _ in remote]
     timeout = None if None in timeouts else max(timeouts)
-    for (i, _, _), reply in zip(remote, exchange(first.grid, messages, timeout, first.interval), strict=True):
+    replies = exchange(first.grid, messages, timeout, first.interval, first.relocate, first.rejoin_seconds)
+    for (i, _, _), reply in zip(remote, replies, strict=True):
         if isinstance(reply, ChildFailed):
             out[i] = reply
             continue
@@ -205,41 +253,6 @@ def answered(children: Sequence[ClientProxy], results: Sequence[Any]) -> list[tu
             continue
         out.append((proxy.cid, res))
     return out
-
-
-class GridClientManager(SimpleClientManager):
-    """Flower's client manager over the Grid's nodes, looked up whenever it is asked (Flower's own
-    thread refreshes every 5 s); each node a ``GridProxy`` named by its Flower node id."""
-
-    def __init__(self, grid: Grid, timeout: float | None = None, interval: float = INTERVAL) -> None:
-        super().__init__()
-        self.grid = grid
-        self.timeout = timeout
-        self.interval = interval
-
-    def refresh(self) -> None:
-        online = set(self.grid.get_node_ids())
-        for cid, proxy in list(self.clients.items()):
-            if int(cid) not in online:
-                self.unregister(proxy)
-        for node in online - {int(c) for c in self.clients}:
-            self.register(GridProxy(str(node), node, self.grid, self.timeout, self.interval))
-
-    def num_available(self) -> int:
-        self.refresh()
-        return super().num_available()
-
-    def all(self) -> dict[str, ClientProxy]:
-        self.refresh()
-        return super().all()
-
-    def wait_for(self, num_clients: int, timeout: int = 86400) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.num_available() < num_clients:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.1)
-        return True
 
 
 def evaluate_targets_together(manager: SimpleClientManager, asks: list[tuple[Any, dict]]) -> list[tuple[list, int]]:

@@ -82,15 +82,20 @@ class Deployment:
             port=self.ports[f"link-{path}"], node_port=self.ports[f"bridge-{path}"], tls=self.tls,
             parent_ca=self.tls.ca if self.tls else None,
         )
+        (self.root / f"node-{path}-work").mkdir(exist_ok=True)
         if "link" in parts:
             self.start_process(f"link-{path}", link)
             wait_port(self.ports[f"link-{path}"])
         if "bridge" in parts:
             self.start_process(f"bridge-{path}", bridge)
 
-    def start(self) -> None:
-        (glob,) = roles.global_role("127.0.0.1", self.ports["global"], self.tls)
+    def start_global(self) -> None:
+        """The root's SuperLink, its state in a file (it can be started again)."""
+        (glob,) = roles.global_role("127.0.0.1", self.ports["global"], self.tls, database=self.root / "global.db")
         self.start_process("global", glob)
+
+    def start(self) -> None:
+        self.start_global()
         wait_port(self.ports["global"])
         for path in self.inner:
             self.start_node(path)

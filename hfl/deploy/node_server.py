@@ -16,95 +16,29 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from flwr.app import Context
-from flwr.server.client_proxy import ClientProxy
 from flwr.serverapp.grid import Grid
 
-from hfl.deploy.grid import (
-    INTERVAL,
-    ChildFailed,
-    GridProxy,
-    ask_properties,
-    evaluate_targets_together,
-    evaluate_together,
-    fit_together,
-    tell_stop,
-)
+from hfl.deploy.children import Children
+from hfl.deploy.grid import evaluate_targets_together, evaluate_together, fit_together, tell_stop
 from hfl.deploy.mailbox import Letter, Mailbox
 from hfl.state.store import StateStore
 
 log = logging.getLogger("hfl")
 
 
-class AbsentChild(ClientProxy):
-    """A child the topology has that is not connected: asked, it fails (a counted failure)."""
-
-    def _fail(self, *_: object, **__: object):  # noqa: ANN202
-        raise ChildFailed(f"child {self.cid} is not connected")
-
-    get_properties = get_parameters = fit = evaluate = reconnect = _fail
-
-
-class Children:
-    """The node's children as the topology names them (a child path, or a device id as
-    ``"000042"``), found among the SuperLink's nodes by asking each new one its properties once.
-    A child that comes back (a restarted SuperNode is a new Flower node) replaces its old node."""
-
-    def __init__(self, grid: Grid, expected: Iterable[str], *, devices: bool, wait_seconds: float,
-                 timeout: float | None, interval: float = INTERVAL) -> None:
-        self.grid = grid
-        self.expected = sorted(expected)
-        self.devices = devices
-        self.wait_seconds = wait_seconds
-        self.timeout = timeout
-        self.interval = interval
-        self.names: dict[int, str | None] = {}  # Flower node id -> the child it is (None: not one of ours)
-        self.nodes: dict[str, int] = {}  # child -> its newest node id
-
-    def _name(self, props: Mapping) -> str | None:
-        if self.devices:
-            return f"{int(props['device_id']):06d}" if "device_id" in props else None
-        return str(props["path"]) if "path" in props else None
-
-    def refresh(self, timeout: float = 120.0) -> None:
-        """Ask nodes not seen before who they are (``timeout``: for their answers; a ClientApp
-        process starting on a busy host takes seconds)."""
-        online = set(self.grid.get_node_ids())
-        for name, node in list(self.nodes.items()):
-            if node not in online:
-                del self.nodes[name]
-        new = sorted(online - set(self.names))
-        if not new:
-            return
-        for node, reply in zip(new, ask_properties(self.grid, new, {}, timeout, self.interval), strict=True):
-            if isinstance(reply, ChildFailed):
-                log.warning("node %s did not say who it is: %s", node, reply)
-                continue  # asked again at the next refresh
-            name = self._name(reply)
-            if name not in self.expected:
-                log.warning("ignored Flower node %s: %s is no child of this node", node, name)
-                name = None
-            self.names[node] = name
-            if name is not None:
-                self.nodes[name] = node
-
-    def proxies(self) -> list[ClientProxy]:
-        """Every child of the topology: connected ones (waiting up to ``wait_seconds`` for all),
-        the others as absent (their calls fail and are counted)."""
-        deadline = time.monotonic() + self.wait_seconds
-        while True:
-            self.refresh(max(self.wait_seconds, 120.0))
-            if len(self.nodes) == len(self.expected) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        missing = [c for c in self.expected if c not in self.nodes]
-        if missing:
-            log.warning("%d of %d children not connected: %s", len(missing), len(self.expected), ", ".join(missing))
-        return [GridProxy(c, self.nodes[c], self.grid, self.timeout, self.interval) if c in self.nodes
-                else AbsentChild(c) for c in self.expected]
+def log_to(path: Path) -> None:
+    """A ServerApp's output goes to Flower's run log, read with ``flwr log``; the host's operator
+    reads this file (it outlives the SuperLink)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    logging.getLogger().setLevel(logging.INFO)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per pull otherwise
 
 
 def _beat(box: Mailbox, stop: threading.Event) -> None:
@@ -130,12 +64,7 @@ def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
         raise ValueError(f"node path {path!r} is no inner node of the topology (depth {tree.depth})")
     runtime = cfg["runtime"]
     lowest = tree.is_lowest(path)
-    # The ServerApp's output goes to Flower's run log; the host's operator reads this file.
-    handler = logging.FileHandler(work / "node.log")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger().addHandler(handler)
-    logging.getLogger().setLevel(logging.INFO)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per pull otherwise
+    log_to(work / "node.log")
     holds = ({f"{d:06d}": frozenset([d]) for d in tree.devices(path)} if lowest
              else {c: frozenset(tree.devices_under(c)) for c in tree.children(path)})
     # A device's reply is late after team_round_timeout; a child node's after team_run_timeout (its whole call).

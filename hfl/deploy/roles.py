@@ -16,6 +16,7 @@ GLOBAL_PORT = 9092
 TEAM_PORT = 9192
 NODE_PORT = 9094  # a SuperNode's local API; must differ per SuperNode on one host
 
+SUPERLINK_DB = "superlink.db"  # a node host's SuperLink state, in its work dir
 DEFAULT_STATE_DIR = Path.home() / ".cache" / "hfl" / "device-state"  # a device's state-dir unless set
 BIN = Path(sys.executable).parent  # this interpreter's scripts (a venv need not be on PATH)
 
@@ -67,8 +68,13 @@ def node_config(values: dict[str, object]) -> str:
     return " ".join(f"{key}={toml_value(value)}" for key, value in values.items())
 
 
-def superlink_command(host: str, port: int, tls: ServerTls | None, supernode_auth: bool = False) -> list[str]:
+def superlink_command(host: str, port: int, tls: ServerTls | None, supernode_auth: bool = False,
+                      database: str | Path | None = None) -> list[str]:
+    """``database``: Flower's SQLite state file. A SuperLink started again on the same file knows
+    its SuperNodes, which go on under their node ids; in memory (None) they are strangers to it."""
     cmd = ["flower-superlink", "--disable-runtime-dependency-installation", "--host", host, "--port", str(port)]
+    if database:
+        cmd += ["--database", str(database)]
     if tls is None:
         cmd.append("--insecure")
     else:
@@ -94,8 +100,8 @@ def supernode_command(
 
 
 def global_role(host: str = "0.0.0.0", port: int = GLOBAL_PORT, tls: ServerTls | None = None,
-                supernode_auth: bool = False) -> list[list[str]]:
-    return [superlink_command(host, port, tls, supernode_auth)]
+                supernode_auth: bool = False, database: str | Path | None = None) -> list[list[str]]:
+    return [superlink_command(host, port, tls, supernode_auth, database)]
 
 
 def node_role(
@@ -111,15 +117,16 @@ def node_role(
     supernode_auth: bool = False,
     auth_key: str | Path | None = None,
 ) -> list[list[str]]:
-    """An inner node's host at ``path`` (any level): its SuperLink for its children and the bridge
-    SuperNode toward its parent's SuperLink (hfl.deploy.bridge)."""
+    """An inner node's host at ``path`` (any level): its SuperLink for its children (its state in
+    ``work_dir``/superlink.db, so that it can be started again) and the bridge SuperNode toward
+    its parent's SuperLink (hfl.deploy.bridge)."""
     control = f"127.0.0.1:{port}"  # the bridge reaches its own SuperLink on loopback
     bridge: dict[str, object] = {
         "role": "node", "path": path, "node-superlink": control,
         "node-root-certificates": str(tls.ca) if tls else "", "work-dir": str(work_dir),
     }
     return [
-        superlink_command(host, port, tls, supernode_auth),
+        superlink_command(host, port, tls, supernode_auth, Path(work_dir) / SUPERLINK_DB),
         supernode_command(parent_superlink, node_port, bridge, parent_ca, auth_key),
     ]
 

@@ -1,10 +1,15 @@
 """The root of a deployment: the engine's root (``hfl.node.root.RootStrategy``, as in simulation)
 driven by Flower's legacy ``Server`` over the level-1 node hosts' bridges, reached through
 ``hfl.deploy.grid`` (replies looked for from 20 ms on, every 0.25 s at most; Flower waits 3 s). When the rounds are done the
-bridges are told to stop their node servers, which tell theirs."""
+bridges are told to stop their node servers, which tell theirs.
+
+The run directory holds the root's state and checkpoints as hfl-simulate's does: a root run
+submitted again with ``resume=true`` (``hfl-deploy submit`` does so when its run was lost: the
+root's ServerApp or SuperLink killed) goes on after the last completed global round."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -13,23 +18,46 @@ from flwr.server import Server, ServerConfig
 from flwr.server.server import run_fl
 from flwr.serverapp.grid import Grid
 
-from hfl.deploy.grid import GridClientManager, tell_stop
+from hfl.deploy.children import Children, ChildrenManager
+from hfl.deploy.grid import tell_stop
+
+log = logging.getLogger("hfl")
+
 
 def serve_root(grid: Grid, context: Context, cfg: Mapping, out: Path) -> None:
     from hfl.accel.batched import use_runtime_threads
+    from hfl.deploy.node_server import log_to
     from hfl.output import tracking
-    from hfl.runtime.apps import build_global_strategy
+    from hfl.runtime.apps import build_global_strategy, rounds_left
     from hfl.runtime.build import check_tree, federation_for
+    from hfl.runtime.simulate import finished_summary
+    from hfl.state.lock import RunLock
+    from hfl.state.resume import prepare
 
-    check_tree(cfg, federation_for(cfg).tree)  # as hfl-simulate does (hfl-deploy submit did too)
+    log_to(out / "root.log")
+    tree = federation_for(cfg).tree
+    check_tree(cfg, tree)  # as hfl-simulate does (hfl-deploy submit did too)
     use_runtime_threads(cfg["runtime"])
-
     # The root's state lives with its outputs (compose_config points state_dir at a temporary folder).
     cfg = {**cfg, "runtime": {**cfg["runtime"], "state_dir": None}}
-    tracker = tracking.begin(tracking.open_tracker(cfg.get("logger"), out), cfg)
-    strategy = build_global_strategy(cfg, out, tracker=tracker)
-    manager = GridClientManager(grid)
+    # The level-1 nodes by path: one whose bridge is started again is found under its new node id.
+    children = Children(grid, tree.children(""), devices=False,
+                        wait_seconds=float(cfg["runtime"].get("team_wait_seconds", 60)), timeout=None)
     try:
-        run_fl(Server(client_manager=manager, strategy=strategy), ServerConfig(num_rounds=int(cfg["global_rounds"])))
+        with RunLock(out):
+            start = prepare(cfg, out)  # a resumption: the newest checkpoint the stored state matches
+            if start is not None:
+                log.info("resuming the run in %s after global round %d", out, start.round)
+            tracker = tracking.open_tracker(cfg.get("logger"), out)
+            if start is not None and start.round >= int(cfg["global_rounds"]):
+                finished_summary(cfg, out, start, tracker)
+                return
+            started = tracking.begin(tracker, cfg, start.recorder["lines"] if start is not None else ())
+            strategy = build_global_strategy(cfg, out, start, tracker=started)
+            run_fl(Server(client_manager=ChildrenManager(children), strategy=strategy),
+                   ServerConfig(num_rounds=rounds_left(cfg, start)))
+    except Exception:
+        log.exception("the root's run failed")
+        raise
     finally:
-        tell_stop(grid, [proxy.node_id for proxy in manager.all().values()])
+        tell_stop(grid, list(children.nodes.values()))

@@ -150,7 +150,10 @@ def _context_config(context: Context) -> dict:
 
 
 def _output_dir(context: Context) -> Path:
-    out = Path(str(context.run_config.get("output-dir", "outputs/flwr"))) / time.strftime("%Y-%m-%d_%H-%M-%S")
+    """``output-dir``/``run-name`` (hfl-deploy submit names its runs, so that a resubmitted run
+    finds its directory), or a folder named by the time."""
+    name = str(context.run_config.get("run-name", "")) or time.strftime("%Y-%m-%d_%H-%M-%S")
+    out = Path(str(context.run_config.get("output-dir", "outputs/flwr"))) / name
     log.info("hfl: writing outputs to %s", out.resolve())
     return out
 
