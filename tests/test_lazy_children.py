@@ -120,3 +120,17 @@ def test_a_lowest_node_finds_the_drawn_devices_it_holds_without_listing_its_chil
         assert holds.holding(drawn) == [c for c in holds if holds[c] & drawn]
     big = DeviceHolds(DeviceCids([5, 100_001, 1_000_000]))
     assert big.holding(frozenset([5, 1_000_000, 7])) == ["000005", "1000000"] == [c for c in big if c != "100001"]
+
+
+def test_multilevel_clusters_are_read_when_asked_for_and_equal_the_listed_ones():
+    from hfl.data import build_federation
+    from hfl.data.multilevel import BlockPaths, block_of
+
+    dataset = compose_cfg("dataset=synthetic_multilevel", "dataset.clusters=[2,4]", "dataset.scales=[1,1,1,0.5]")["dataset"]
+    fed = build_federation(dataset, {"formation": "tree", "fanout": [2, 25]}, 0)
+    assert isinstance(fed.device_clusters, BlockPaths) and len(fed.device_clusters) == 50
+    listed = [[block_of(d, 50, n) for n in (2, 4)] for d in range(50)]
+    assert fed.device_clusters == listed and list(fed.device_clusters) == listed
+    assert fed.device_clusters[-1] == [1, 3] and fed.device_clusters[10:12] == listed[10:12]
+    with pytest.raises(IndexError):
+        fed.device_clusters[50]

@@ -168,7 +168,7 @@ class Federation:
     # The true cluster structure: per device its cluster id at each cluster level, coarse to fine
     # (`clusterwise`: one level; `multilevel`: one per dataset.level_clusters entry;
     # synthetic_multilevel with the natural partition: one per dataset.clusters entry), else None.
-    device_clusters: list[list[int]] | None = field(default=None)
+    device_clusters: Sequence[list[int]] | None = field(default=None)
 
 
 # ---------------------------------------------------------------- config reading
@@ -378,12 +378,12 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
         x, y, input_shape, num_classes, natural, to_float = _load_vision(dataset_cfg, name)
 
     device_classes: list[list[int]] | None = None
-    device_clusters: list[list[int]] | None = None
+    device_clusters: Sequence[list[int]] | None = None
     if partition == "natural":
         parts, too_small_key = (None if lazy else natural), "dataset.min_samples"
         if name == "synthetic_multilevel":  # the generator's nested blocks (hfl/data/multilevel.py)
             levels = [int(n) for n in _get(dataset_cfg, "clusters", [4])]
-            device_clusters = [[multilevel.block_of(d, num_devices, n) for n in levels] for d in range(num_devices)]
+            device_clusters = multilevel.BlockPaths(num_devices, levels)  # each read when asked for
     elif partition == "classes":
         k = _int(dataset_cfg, "classes_per_device", 2, 1, num_classes)
         labels = topology.team_labels(topology_cfg) if by_label else None

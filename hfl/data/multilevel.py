@@ -30,6 +30,32 @@ def block_of(device: int, num_devices: int, num_blocks: int) -> int:
     return next(c for c in range(num_blocks) if device < round((c + 1) * num_devices / num_blocks))
 
 
+class BlockPaths(Sequence[list[int]]):
+    """Every device's cluster at each level (``block_of`` per level, coarse to fine), computed
+    when read: a federation of a million devices lists none of them at start-up."""
+
+    def __init__(self, num_devices: int, levels: Sequence[int]) -> None:
+        self.num_devices, self.levels = num_devices, [int(n) for n in levels]
+
+    def __len__(self) -> int:
+        return self.num_devices
+
+    def __getitem__(self, index):  # noqa: ANN001, ANN204 - an int or a slice, as Sequence's
+        if isinstance(index, slice):
+            return [self[d] for d in range(*index.indices(self.num_devices))]
+        d = index + self.num_devices if index < 0 else index
+        if not 0 <= d < self.num_devices:
+            raise IndexError(f"device {index} does not exist: the federation has {self.num_devices} devices")
+        return [block_of(d, self.num_devices, n) for n in self.levels]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BlockPaths):
+            return (self.num_devices, self.levels) == (other.num_devices, other.levels)
+        return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment] - mutable-sequence semantics, as the list it stands for
+
+
 def check_clusters(clusters: Sequence[int], num_devices: int) -> list[int]:
     counts = [int(c) for c in clusters]
     if any(isinstance(c, bool) or c < 1 for c in clusters):
