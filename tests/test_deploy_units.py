@@ -418,3 +418,44 @@ def test_submit_gives_up_on_a_superlink_away_longer_than_it_waits(tmp_path) -> N
     clock = iter(range(0, 1000, 10))
     with pytest.raises(RuntimeError, match="has not answered for 30 s"):
         follow(link, 7, deadline=10_000, reconnect_seconds=30, poll=0, clock=lambda: next(clock), sleep=lambda _: None)
+
+
+def test_the_fault_proxy_delays_cuts_refuses_and_restores() -> None:
+    import socket
+    import socketserver
+
+    from hfl.deploy.faultproxy import FaultProxy
+    from hfl.deploy.loopback import free_ports
+
+    class Echo(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            while data := self.request.recv(4096):
+                self.request.sendall(data)
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    (port,) = free_ports(1)
+    proxy = FaultProxy(port, "127.0.0.1", server.server_address[1], delay=0.1)
+    proxy.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+            start = time.monotonic()
+            conn.sendall(b"ping")
+            assert conn.recv(16) == b"ping"
+            assert time.monotonic() - start >= 0.2  # 0.1 s each way
+            proxy.cut()
+            with pytest.raises((ConnectionError, OSError)):  # reset, as a broken link
+                conn.sendall(b"x")
+                if conn.recv(16) == b"":
+                    raise ConnectionResetError("closed")
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:  # refused while cut
+            assert conn.recv(16) == b""
+        proxy.restore()
+        proxy.delay = 0.0
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+            conn.sendall(b"back")
+            assert conn.recv(16) == b"back"
+        assert proxy.counts["cut"] == 2 and proxy.counts["refused"] == 1 and proxy.counts["connections"] == 2
+    finally:
+        proxy.stop()
+        server.shutdown()

@@ -21,6 +21,7 @@ from hfl.deploy import roles
 from hfl.deploy.certs import make_node_key, make_tls
 from hfl.deploy.control import ControlClient
 from hfl.deploy.loopback import Deployment, free_ports, wait_port
+from hfl.deploy.netns import available as why_no_netns
 from hfl.deploy.roles import ServerTls
 from hfl.runtime.build import federation_for
 from hfl.runtime.simulate import run
@@ -42,12 +43,17 @@ BASE = [
 ]
 
 
-def deployed(tmp_path: Path, overrides: list[str], tls: ServerTls | None = None, during=None) -> tuple[Path, Deployment]:
-    """Run the experiment on a fresh deployment; return its output directory."""
-    dep = Deployment(tmp_path / "deploy", federation_for(compose_cfg(*overrides)).tree, tls)
+def deployed(tmp_path: Path, overrides: list[str], tls: ServerTls | None = None, during=None,
+             setup=None, netns: bool = False) -> tuple[Path, Deployment]:
+    """Run the experiment on a fresh deployment (``setup(dep)`` before it starts, ``during(dep,
+    out)`` to submit and meddle; ``netns``: every host in a network namespace of its own);
+    return its output directory."""
+    dep = Deployment(tmp_path / "deploy", federation_for(compose_cfg(*overrides)).tree, tls, netns=netns)
     dep.root.mkdir(parents=True)
     out = tmp_path / "out"
     try:
+        if setup is not None:
+            setup(dep)
         dep.start()
         if during is None:
             result = dep.submit([*overrides, "runtime=deployment", "runtime.device_wait_seconds=30"], out)
@@ -321,6 +327,47 @@ def test_every_kind_of_process_killed_mid_round_and_started_again_ends_as_never_
     assert summary["rounds"] == 4 and summary["failures"] == 0
     assert "resuming the run" in (run_dir / "root.log").read_text()
     assert "sending its message again" in next((dep.root / "node-0-work").glob("run-*/node.log")).read_text()
+
+
+@pytest.mark.slow  # make test-deploy, or pytest -m deployment
+def test_a_slow_link_cut_mid_round_delays_the_run_and_changes_nothing(tmp_path: Path) -> None:
+    """Every host in a network namespace of its own, with its own address (the root, each node
+    host, each device). Node 0's bridge reaches the root's SuperLink through a proxy adding 30 ms each way; in
+    global round 2 the link is cut (open connections reset, new ones refused) until the bridge has
+    tried to reconnect, and then restored. The bridge's SuperNode reconnects by itself; every model ends as in the in-process
+    run, with no failure counted."""
+    if why_no_netns() is not None:
+        pytest.skip(why_no_netns())
+    overrides = [*BASE, "global_rounds=3", "eval_every=3", "algorithm.team_rounds=1"]
+
+    def cut_mid_round(dep: Deployment, out: Path):
+        cmd = [sys.executable, "-m", "hfl.deploy.cli", "submit", "--superlink", dep.global_address,
+               "--output-dir", str(out), *overrides, "runtime=deployment", "runtime.device_wait_seconds=30"]
+        submit = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        node0 = dep.root / "node-0-work"
+        _wait_until(lambda: any(asked_round(w, 2) for w in node0.glob("run-*")), 600)
+        proxy = dep.proxies["0"]
+        proxy.cut()
+        # Down until the bridge has tried to reconnect (its SuperNode notices a dead connection at
+        # its next request: seconds), and a little longer.
+        _wait_until(lambda: proxy.counts["refused"] >= 1, 120)
+        time.sleep(3)
+        proxy.restore()
+        stdout, stderr = submit.communicate(timeout=600)
+        return subprocess.CompletedProcess(cmd, submit.returncode, stdout, stderr)
+
+    counts: list[dict] = []
+    run_dir, dep = deployed(tmp_path, overrides, during=cut_mid_round, netns=True,
+                            setup=lambda d: counts.append(d.fault_proxy("0", delay=0.03).counts))
+    device = dep.tree.devices("0")[0]  # each host reached at its own address
+    assert f"channel to {dep.link_of('0')}." in (dep.root / f"device{device}.log").read_text()
+    assert dep.link_of("0").startswith("10.") and dep.link_of("0") != dep.link_of("1")
+    assert counts[0]["cut"] >= 1 and counts[0]["refused"] >= 1  # the link was really down, and tried
+    sim_dir = simulated(tmp_path, overrides)
+    assert_same_run(run_dir, sim_dir)
+    assert_same_states(dep, run_dir, sim_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds"] == 3 and summary["failures"] == 0
 
 
 def test_supernode_auth_admits_only_registered_nodes(tmp_path: Path) -> None:

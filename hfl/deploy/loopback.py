@@ -1,5 +1,6 @@
 """A whole deployment on one host's loopback ports, for tests and benchmarks: the root's SuperLink,
-a host per inner node of the tree (SuperLink + bridge SuperNode each), a SuperNode per device. Every process
+a host per inner node of the tree (SuperLink + bridge SuperNode each), a SuperNode per device, and
+fault-injecting proxies on the links chosen (``fault_proxy``). Every process
 is started with the role command lines of ``hfl.deploy.roles`` (what ``hfl-deploy`` runs),
 logs to ``root/<name>.log``, and is stopped by pid (its whole process group)."""
 
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hfl.deploy import roles
+from hfl.deploy.faultproxy import FaultProxy
+from hfl.deploy.netns import Namespaces
 from hfl.tree.shape import Tree, parent_of
 
 
@@ -29,14 +32,14 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def wait_port(port: int, timeout: float = 30.0) -> None:
+def wait_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
+            if s.connect_ex((host, port)) == 0:
                 return
         time.sleep(0.2)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout} s")
 
 
 @dataclass
@@ -46,26 +49,53 @@ class Deployment:
     tls: roles.ServerTls | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
+    proxies: dict[str, FaultProxy] = field(default_factory=dict)  # node path -> the proxy on its bridge's link
+    netns: bool = False  # each host in a network namespace of its own, with its own address (hfl.deploy.netns)
 
     def __post_init__(self) -> None:
         self.inner = self.tree.inner_paths
         names = ["global"] + [f"link-{p}" for p in self.inner] + [f"bridge-{p}" for p in self.inner] + \
             [f"device{d}" for d in self.tree.devices_under("")]
         self.ports = dict(zip(names, free_ports(len(names)), strict=True))
+        self.hosts = None
+        if self.netns:
+            self.hosts = Namespaces(["global", *[f"node-{p}" for p in self.inner],
+                                     *[f"device{d}" for d in self.tree.devices_under("")]])
+            self.hosts.create()  # before anything is started, so that a proxy can listen on the bridge
+
+    def host_of(self, name: str) -> str | None:
+        """The host a process runs on: global, node-P (its SuperLink and its bridge) or deviceD."""
+        if name == "global" or name.startswith("device"):
+            return name
+        if name.startswith(("link-", "bridge-")):
+            return f"node-{name.split('-', 1)[1]}"
+        return None
+
+    def address(self, host: str) -> str:
+        """Where other hosts reach ``host``."""
+        return self.hosts.ip(host) if self.hosts is not None else "127.0.0.1"
+
+    @property
+    def bind(self) -> str:
+        """What a SuperLink binds: its host's every address under namespaces (its own loopback, for
+        its bridge, and its address on the bridge), loopback otherwise."""
+        return "0.0.0.0" if self.hosts is not None else "127.0.0.1"
 
     def start_process(self, name: str, command: list[str]) -> None:
         log = (self.root / f"{name}.log").open("ab")
         env = roles.process_env(FLWR_HOME=str(self.root / "flwr-home"))
-        self.procs[name] = subprocess.Popen([roles.executable(command[0]), *command[1:]], stdout=log,
+        host = self.host_of(name)
+        prefix = self.hosts.prefix(host) if self.hosts is not None and host is not None else []
+        self.procs[name] = subprocess.Popen([*prefix, roles.executable(command[0]), *command[1:]], stdout=log,
                                             stderr=subprocess.STDOUT, cwd=self.root, env=env, start_new_session=True)
 
     @property
     def global_address(self) -> str:
-        return f"127.0.0.1:{self.ports['global']}"
+        return f"{self.address('global')}:{self.ports['global']}"
 
     def link_of(self, path: str) -> str:
         """The SuperLink the children of ``path`` connect to ("" = the root's)."""
-        return self.global_address if path == "" else f"127.0.0.1:{self.ports[f'link-{path}']}"
+        return self.global_address if path == "" else f"{self.address(f'node-{path}')}:{self.ports[f'link-{path}']}"
 
     def start_device(self, device_id: int) -> None:
         lowest = next(p for p in self.tree.nodes_at(self.tree.depth - 1) if device_id in self.tree.devices(p))
@@ -75,28 +105,41 @@ class Deployment:
         )
         self.start_process(f"device{device_id}", cmd)
 
+    def fault_proxy(self, path: str, delay: float = 0.0) -> FaultProxy:
+        """Put a fault-injecting proxy (hfl.deploy.faultproxy) on the link from node ``path``'s
+        bridge to its parent's SuperLink; call it before ``start``."""
+        (port,) = free_ports(1)
+        parent_host, parent_port = self.link_of(parent_of(path)).rsplit(":", 1)
+        listen = self.hosts.gateway if self.hosts is not None else "127.0.0.1"
+        proxy = FaultProxy(port, parent_host, int(parent_port), delay=delay, host=listen)
+        proxy.start()
+        self.proxies[path] = proxy
+        return proxy
+
     def start_node(self, path: str, parts: tuple[str, ...] = ("link", "bridge")) -> None:
         """The host of inner node ``path``: its SuperLink and its bridge (or one of them again)."""
+        parent = (":".join(map(str, self.proxies[path].listen)) if path in self.proxies
+                  else self.link_of(parent_of(path)))
         link, bridge = roles.node_role(
-            path, self.link_of(parent_of(path)), self.root / f"node-{path}-work", host="127.0.0.1",
+            path, parent, self.root / f"node-{path}-work", host=self.bind,
             port=self.ports[f"link-{path}"], node_port=self.ports[f"bridge-{path}"], tls=self.tls,
             parent_ca=self.tls.ca if self.tls else None,
         )
         (self.root / f"node-{path}-work").mkdir(exist_ok=True)
         if "link" in parts:
             self.start_process(f"link-{path}", link)
-            wait_port(self.ports[f"link-{path}"])
+            wait_port(self.ports[f"link-{path}"], host=self.address(f"node-{path}"))
         if "bridge" in parts:
             self.start_process(f"bridge-{path}", bridge)
 
     def start_global(self) -> None:
         """The root's SuperLink, its state in a file (it can be started again)."""
-        (glob,) = roles.global_role("127.0.0.1", self.ports["global"], self.tls, database=self.root / "global.db")
+        (glob,) = roles.global_role(self.bind, self.ports["global"], self.tls, database=self.root / "global.db")
         self.start_process("global", glob)
 
     def start(self) -> None:
         self.start_global()
-        wait_port(self.ports["global"])
+        wait_port(self.ports["global"], host=self.address("global"))
         for path in self.inner:
             self.start_node(path)
         for d in self.tree.devices_under(""):
@@ -109,6 +152,8 @@ class Deployment:
         proc.wait()
 
     def stop(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.stop()
         for proc in self.procs.values():
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -122,6 +167,8 @@ class Deployment:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         self.procs.clear()
+        if self.hosts is not None:
+            self.hosts.delete()
 
     def submit(self, overrides: list[str], output_dir: Path, timeout: float = 600) -> subprocess.CompletedProcess:
         cmd = [roles.executable("hfl-deploy"), "submit", "--superlink", self.global_address, "--output-dir", str(output_dir),
