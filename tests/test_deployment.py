@@ -44,11 +44,11 @@ BASE = [
 
 
 def deployed(tmp_path: Path, overrides: list[str], tls: ServerTls | None = None, during=None,
-             setup=None, netns: bool = False) -> tuple[Path, Deployment]:
+             setup=None, netns: bool = False, auth: bool = False) -> tuple[Path, Deployment]:
     """Run the experiment on a fresh deployment (``setup(dep)`` before it starts, ``during(dep,
-    out)`` to submit and meddle; ``netns``: every host in a network namespace of its own);
-    return its output directory."""
-    dep = Deployment(tmp_path / "deploy", federation_for(compose_cfg(*overrides)).tree, tls, netns=netns)
+    out)`` to submit and meddle; ``netns``: every host in a network namespace of its own; ``auth``:
+    SuperNode authentication on every SuperLink); return its output directory."""
+    dep = Deployment(tmp_path / "deploy", federation_for(compose_cfg(*overrides)).tree, tls, netns=netns, auth=auth)
     dep.root.mkdir(parents=True)
     out = tmp_path / "out"
     try:
@@ -92,12 +92,19 @@ def assert_same_run(deploy_dir: Path, sim_dir: Path) -> None:
         assert dep[key] == (None if sim[key] is None else pytest.approx(sim[key], abs=1e-9)), key
 
 
-def test_two_global_rounds_over_tls_match_in_process(tmp_path: Path) -> None:
-    """2 level-1 node hosts x 2 devices, every SuperLink serving TLS: the in-process run's models."""
+def test_two_global_rounds_over_tls_and_supernode_auth_match_in_process(tmp_path: Path) -> None:
+    """2 level-1 node hosts x 2 devices, every SuperLink serving TLS and admitting only registered
+    SuperNodes (the bridges' keys registered with the root's SuperLink, the devices' with their
+    node's): the in-process run's models."""
     paths = make_tls(tmp_path / "tls", ["localhost"])
     tls = ServerTls(paths["ca"], paths["cert"], paths["key"])
     overrides = [*BASE, "global_rounds=2", "eval_every=2", "algorithm.team_rounds=2"]
-    run_dir, dep = deployed(tmp_path, overrides, tls)
+    run_dir, dep = deployed(tmp_path, overrides, tls, auth=True)
+    assert sorted(p.name for p in (dep.root / "keys").glob("*.pub")) == [
+        "bridge-0.pub", "bridge-1.pub", "device0.pub", "device1.pub", "device2.pub", "device3.pub"]
+    links = ["global", *[f"link-{p}" for p in dep.inner]]
+    assert all("--enable-supernode-auth" in dep.commands[n] for n in links)
+    assert all("--auth-supernode-private-key" in c for n, c in dep.commands.items() if n not in links)
     assert "--insecure" not in (dep.root / "global.log").read_text()
     assert all("--insecure" not in (dep.root / f"link-{p}.log").read_text() for p in dep.inner)
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hfl.deploy import roles
+from hfl.deploy.certs import make_node_key
+from hfl.deploy.control import ControlClient
 from hfl.deploy.faultproxy import FaultProxy
 from hfl.deploy.netns import Namespaces
 from hfl.tree.shape import Tree, parent_of
@@ -50,7 +52,9 @@ class Deployment:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     proxies: dict[str, FaultProxy] = field(default_factory=dict)  # node path -> the proxy on its bridge's link
+    commands: dict[str, list[str]] = field(default_factory=dict)  # process name -> its last command line
     netns: bool = False  # each host in a network namespace of its own, with its own address (hfl.deploy.netns)
+    auth: bool = False  # SuperNode authentication on every SuperLink, every SuperNode's key registered first
 
     def __post_init__(self) -> None:
         self.inner = self.tree.inner_paths
@@ -84,6 +88,7 @@ class Deployment:
     def start_process(self, name: str, command: list[str]) -> None:
         log = (self.root / f"{name}.log").open("ab")
         env = roles.process_env(FLWR_HOME=str(self.root / "flwr-home"))
+        self.commands[name] = list(command)
         host = self.host_of(name)
         prefix = self.hosts.prefix(host) if self.hosts is not None and host is not None else []
         self.procs[name] = subprocess.Popen([*prefix, roles.executable(command[0]), *command[1:]], stdout=log,
@@ -97,11 +102,25 @@ class Deployment:
         """The SuperLink the children of ``path`` connect to ("" = the root's)."""
         return self.global_address if path == "" else f"{self.address(f'node-{path}')}:{self.ports[f'link-{path}']}"
 
+    def auth_key(self, name: str, parent_link: str) -> Path | None:
+        """With ``auth``: SuperNode ``name``'s private key, its public key registered with the
+        SuperLink it connects to (Flower's ``flwr supernode register``) the first time."""
+        if not self.auth:
+            return None
+        private = self.root / "keys" / name
+        if not private.exists():
+            private, public = make_node_key(self.root / "keys", name)
+            home = self.root / "control" / name
+            link = ControlClient(parent_link, str(self.tls.ca) if self.tls else "", home, home)
+            link.register_supernode(public)
+        return private
+
     def start_device(self, device_id: int) -> None:
         lowest = next(p for p in self.tree.nodes_at(self.tree.depth - 1) if device_id in self.tree.devices(p))
         (cmd,) = roles.device_role(
             device_id, self.link_of(lowest), node_port=self.ports[f"device{device_id}"],
             state_dir=self.root / f"device{device_id}-state", node_ca=self.tls.ca if self.tls else None,
+            auth_key=self.auth_key(f"device{device_id}", self.link_of(lowest)),
         )
         self.start_process(f"device{device_id}", cmd)
 
@@ -123,7 +142,8 @@ class Deployment:
         link, bridge = roles.node_role(
             path, parent, self.root / f"node-{path}-work", host=self.bind,
             port=self.ports[f"link-{path}"], node_port=self.ports[f"bridge-{path}"], tls=self.tls,
-            parent_ca=self.tls.ca if self.tls else None,
+            parent_ca=self.tls.ca if self.tls else None, supernode_auth=self.auth,
+            auth_key=self.auth_key(f"bridge-{path}", self.link_of(parent_of(path))) if "bridge" in parts else None,
         )
         (self.root / f"node-{path}-work").mkdir(exist_ok=True)
         if "link" in parts:
@@ -134,7 +154,8 @@ class Deployment:
 
     def start_global(self) -> None:
         """The root's SuperLink, its state in a file (it can be started again)."""
-        (glob,) = roles.global_role(self.bind, self.ports["global"], self.tls, database=self.root / "global.db")
+        (glob,) = roles.global_role(self.bind, self.ports["global"], self.tls, supernode_auth=self.auth,
+                                    database=self.root / "global.db")
         self.start_process("global", glob)
 
     def start(self) -> None:
