@@ -161,7 +161,8 @@ def test_role_commands(tmp_path) -> None:
         f'role="node" path="1.0" node-superlink="127.0.0.1:9192" node-root-certificates="{paths["ca"]}" '
         'work-dir="/w"'
     )
-    (device,) = roles.device_role(7, "edge-1:9192", node_port=9300, state_dir="/s")
+    device, worker = roles.device_role(7, "edge-1:9192", node_port=9300, state_dir="/s")
+    assert worker[1:] == ["-m", "hfl.deploy.device_worker", "--device-id", "7", "--state-dir", "/s"]
     assert "--insecure" in device and device[device.index("--port") + 1] == "9300"
     assert device[device.index("--node-config") + 1] == 'role="device" device-id=7 state-dir="/s"'
     with pytest.raises(FileNotFoundError, match="hfl-deploy certs"):
@@ -340,7 +341,7 @@ def test_supernode_waits_are_capped_only_on_the_flower_it_was_read_against(monke
     loop.time.sleep(3)  # the idle poll
     loop.time.sleep(0.001)
     assert slept == [0.01, 0.001] and loop.time.monotonic is real_time.monotonic  # the rest of `time` is time's
-    (cmd,) = roles.device_role(7, "edge-1:9192")
+    cmd, _ = roles.device_role(7, "edge-1:9192")
     assert cmd[1:3] == ["-m", "hfl.deploy.supernode"]
 
 
@@ -459,3 +460,41 @@ def test_the_fault_proxy_delays_cuts_refuses_and_restores() -> None:
     finally:
         proxy.stop()
         server.shutdown()
+
+
+def test_a_device_worker_answers_as_the_clientapp_would_and_a_dead_one_is_answered_for(small_cfg, tmp_path) -> None:
+    import os
+
+    from hfl.deploy.device import device_client
+    from hfl.deploy.device_worker import DeviceRelay, serve, worker_box
+
+    cfg = small_cfg()
+    gm = initial_model(cfg, federation_for(cfg))
+    worker_config = {"role": "device", "device-id": 1, "state-dir": str(tmp_path / "worker")}
+    here_config = {"role": "device", "device-id": 1, "state-dir": str(tmp_path / "here")}
+    stop = threading.Event()
+    thread = threading.Thread(target=serve, args=(worker_config, stop), kwargs={"compose": lambda _: cfg}, daemon=True)
+    thread.start()
+    box = worker_box(worker_config)
+    deadline = time.monotonic() + 10
+    while not box.server_alive():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+    def never() -> None:
+        raise AssertionError("the worker is alive: nothing is computed in the ClientApp")
+
+    relay = DeviceRelay(box, "run-k", "global_rounds=2", never)
+    conf = {"alpha": 0.05, "local_steps": 3, "prox_coefficient": 0.5, "round_path": "1.1"}
+    relayed, n, metrics = relay.fit(gm, conf)
+    direct, n2, metrics2 = device_client(cfg, here_config, "run-k").fit(gm, conf)
+    assert all(np.array_equal(a, b) for a, b in zip(relayed, direct, strict=True)) and (n, metrics) == (n2, metrics2)
+    assert relay.evaluate(gm, {}) == device_client(cfg, here_config, "run-k").evaluate(gm, {})
+    assert not list((box.root / "requests").iterdir())  # a relay forgets what it asked
+    assert (tmp_path / "worker" / "run-k").is_dir()  # the device's state, where its ClientApp keeps it
+    stop.set()
+    thread.join(timeout=10)
+    os.utime(box.alive_file, (0, 0))  # the worker died: its beat is stale
+    fallback = DeviceRelay(box, "run-k", "global_rounds=2", lambda: device_client(cfg, worker_config, "run-k"))
+    again, n3, _ = fallback.fit(gm, conf)  # answered here, from the state the worker saved: the same reply
+    assert all(np.array_equal(a, b) for a, b in zip(again, relayed, strict=True)) and n3 == n

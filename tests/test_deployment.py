@@ -104,7 +104,8 @@ def test_two_global_rounds_over_tls_and_supernode_auth_match_in_process(tmp_path
         "bridge-0.pub", "bridge-1.pub", "device0.pub", "device1.pub", "device2.pub", "device3.pub"]
     links = ["global", *[f"link-{p}" for p in dep.inner]]
     assert all("--enable-supernode-auth" in dep.commands[n] for n in links)
-    assert all("--auth-supernode-private-key" in c for n, c in dep.commands.items() if n not in links)
+    supernodes = [c for n, c in dep.commands.items() if n.startswith(("bridge-", "device"))]
+    assert len(supernodes) == 6 and all("--auth-supernode-private-key" in c for c in supernodes)
     assert "--insecure" not in (dep.root / "global.log").read_text()
     assert all("--insecure" not in (dep.root / f"link-{p}.log").read_text() for p in dep.inner)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -393,7 +394,7 @@ def test_supernode_auth_admits_only_registered_nodes(tmp_path: Path) -> None:
         control = ControlClient(f"127.0.0.1:{link_port}", str(tls.ca), tmp_path / "home", Path("."))
         control.register_supernode(good_pub)
         for name, key, port in (("good", good, good_port), ("bad", bad, bad_port)):
-            (cmd,) = roles.device_role(0, f"127.0.0.1:{link_port}", node_port=port, node_ca=tls.ca, auth_key=key)
+            cmd, _ = roles.device_role(0, f"127.0.0.1:{link_port}", node_port=port, node_ca=tls.ca, auth_key=key)
             dep.start_process(name, cmd)
         deadline = time.monotonic() + 60
         while dep.procs["bad"].poll() is None:

@@ -71,6 +71,8 @@ class Deployment:
         """The host a process runs on: global, node-P (its SuperLink and its bridge) or deviceD."""
         if name == "global" or name.startswith("device"):
             return name
+        if name.startswith("worker"):
+            return f"device{name[len('worker'):]}"
         if name.startswith(("link-", "bridge-")):
             return f"node-{name.split('-', 1)[1]}"
         return None
@@ -117,12 +119,15 @@ class Deployment:
 
     def start_device(self, device_id: int) -> None:
         lowest = next(p for p in self.tree.nodes_at(self.tree.depth - 1) if device_id in self.tree.devices(p))
-        (cmd,) = roles.device_role(
+        cmd, worker = roles.device_role(
             device_id, self.link_of(lowest), node_port=self.ports[f"device{device_id}"],
             state_dir=self.root / f"device{device_id}-state", node_ca=self.tls.ca if self.tls else None,
             auth_key=self.auth_key(f"device{device_id}", self.link_of(lowest)),
         )
         self.start_process(f"device{device_id}", cmd)
+        running = self.procs.get(f"worker{device_id}")
+        if running is None or running.poll() is not None:  # the host's worker (hfl.deploy.device_worker)
+            self.start_process(f"worker{device_id}", worker)
 
     def fault_proxy(self, path: str, delay: float = 0.0) -> FaultProxy:
         """Put a fault-injecting proxy (hfl.deploy.faultproxy) on the link from node ``path``'s

@@ -108,3 +108,10 @@ class Mailbox:
 
     def beat(self) -> None:
         self.alive_file.touch()
+
+    def forget(self, name: str) -> None:
+        """Remove a request and its reply (a device's worker keeps no history: the device's
+        state holds its last reply)."""
+        for folder in ("replies", "requests"):
+            for suffix in (".json", ".npz"):
+                (self.root / folder / f"{name}{suffix}").unlink(missing_ok=True)

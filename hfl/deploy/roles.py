@@ -141,12 +141,17 @@ def device_role(
     node_ca: str | Path | None = None,
     auth_key: str | Path | None = None,
 ) -> list[list[str]]:
+    """A device host: its SuperNode, and its worker (hfl.deploy.device_worker), which answers the
+    messages the SuperNode's ClientApp processes relay to it."""
     config: dict[str, object] = {"role": "device", "device-id": device_id}
+    worker = [sys.executable, "-m", "hfl.deploy.device_worker", "--device-id", str(device_id)]
     if state_dir:
         config["state-dir"] = str(state_dir)
+        worker += ["--state-dir", str(state_dir)]
     if data_path:
         config["data-path"] = str(data_path)
-    return [supernode_command(node_superlink, node_port, config, node_ca, auth_key)]
+        worker += ["--data-path", str(data_path)]
+    return [supernode_command(node_superlink, node_port, config, node_ca, auth_key), worker]
 
 
 def flwr_home_config(name: str, address: str, root_certificates: str | Path | None) -> str:

@@ -122,8 +122,10 @@ def deployed_client(context: Context, config: Callable[[], Mapping]) -> Client:
     bridge = role in ("node", "team")
     folder = Path(str(node.get("work-dir") if bridge else node.get("state-dir") or DEFAULT_STATE_DIR)) / state_key(context)
 
-    def build() -> NumPyClient:
-        cfg = cached_config(folder, str(context.run_config.get("overrides", "")), config)
+    overrides = str(context.run_config.get("overrides", ""))
+
+    def build_here() -> NumPyClient:
+        cfg = cached_config(folder, overrides, config)
         if bridge:  # a bridge imports neither torch nor the engine: it only relays
             return bridge_client(cfg, context)
         import torch
@@ -132,6 +134,15 @@ def deployed_client(context: Context, config: Callable[[], Mapping]) -> Client:
 
         torch.set_num_threads(int(cfg["runtime"]["torch_threads"]))
         return device_client(cfg, node, state_key(context))
+
+    def build() -> NumPyClient:
+        if not bridge:  # a device whose worker is alive: relayed to it, neither torch nor the engine here
+            from hfl.deploy.device_worker import DeviceRelay, worker_box
+
+            box = worker_box(node)
+            if box.server_alive(stale_after=5.0):
+                return DeviceRelay(box, state_key(context), overrides, build_here)
+        return build_here()
 
     if role in ("node", "team"):
         return Deferred(node_properties(node_path(node)), build).to_client()
