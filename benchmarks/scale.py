@@ -23,8 +23,9 @@ processes (driver, Ray's processes and the team actors) for
   per call at each level: ``level_rounds=[1,1]``): 1,000 devices trained per round at every size. Each is run twice, evaluated at its last round only:
   on a sample (``eval_fraction=0.01``: 1 % of every lowest server's devices) and in full (every
   device; skipped at 1,000,000 unless ``--full-million``: it would regenerate and test every
-  device's data, about 10x the 100,000-device figure). Printed: seconds per unevaluated round,
-  the evaluated round and its evaluation's share, peak memory of all processes.
+  device's data, about 10x the 100,000-device figure). Printed: round 1 (the actors' start-up and
+  their federation build included), seconds per unevaluated round, the evaluated round and its
+  evaluation's share, peak memory of all processes.
 
 Each run is a fresh process (its own Ray instance, its own overrides for dataset.lazy
 and dataset.cache_mb); seconds per round are medians over rounds 2..T (round 1
@@ -180,7 +181,7 @@ def section_sizes(tmp: Path, rounds: int, sizes: list[int], algorithms: list[str
     print(f"\nSizes at the same sampled work (1,000 devices trained per round), Synthetic, MCLR, default Ray "
           f"simulation, {rounds} global rounds, evaluated at round {rounds} only; s/round: median of rounds "
           f"2..{rounds - 1}; eval: the evaluated round less s/round; {' '.join(settings) or 'default device cache'}")
-    print(f"  {'devices':>9} {'algorithm':<9} {'eval_fraction':<13} {'s/round':>8} {f'round {rounds}':>8} "
+    print(f"  {'devices':>9} {'algorithm':<9} {'eval_fraction':<13} {'round 1':>8} {'s/round':>8} {f'round {rounds}':>8} "
           f"{'its eval':>8} {'peak GiB':>9} {'GM %':>6} {'GM 95% interval':>16} {'tested':>8}")
     for algorithm in algorithms:
         for devices in sizes:
@@ -197,7 +198,8 @@ def section_sizes(tmp: Path, rounds: int, sizes: list[int], algorithms: list[str
                 low, high = r.get("gm_ci_low"), r.get("gm_ci_high")
                 interval = f"{pct(low)}-{pct(high).strip()}" if low is not None else "-"
                 tested = f"{r['gm_devices']:,}" if r.get("gm_devices") else "all"
-                print(f"  {devices:>9,} {algorithm:<9} {fraction:<13} {fit:8.2f} {last:8.2f} {last - fit:8.2f} "
+                print(f"  {devices:>9,} {algorithm:<9} {fraction:<13} {r['round_seconds'][0]:8.2f} {fit:8.2f} {last:8.2f} "
+                      f"{last - fit:8.2f} "
                       f"{r['peak_gib']:9.2f} {pct(r['gm'])} {interval:>16} {tested:>8}", flush=True)
 
 
