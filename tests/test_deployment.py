@@ -145,7 +145,7 @@ def test_four_tier_bhfl_matches_in_process(tmp_path: Path) -> None:
     overrides = ["algorithm=bhfl", "topology=tree", "topology.fanout=[2,2,2]", "dataset.max_samples=200",
                  "dataset.proxy_fraction=0.2", "algorithm.proxy_samples=[40,20,0]", "algorithm.residual_down=true",
                  "algorithm.residual_up_k=1", "algorithm.up.optimizer=adam", "algorithm.up.lr=0.5", "global_rounds=2",
-                 "eval_every=2", "algorithm.level_rounds=[1,2]",
+                 "eval_every=2", "algorithm.level_rounds=[1,1]",
                  "algorithm.local_steps=5", "dataset.batch_size=32", "runtime.torch_threads=1"]
     run_dir, dep = deployed(tmp_path, overrides)
     assert len(dep.inner) == 6
