@@ -122,8 +122,7 @@ def serve(node_config: Mapping, stop: threading.Event | None = None,
     with (box.root / "lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one worker per device; a second one waits here as a standby
         log.info("device worker %s: serving", box.root)
-        beat = threading.Thread(target=_beat, args=(box, stop), daemon=True)
-        beat.start()
+        box.keep_beating(stop)
         last = 0.0
         while not stop.is_set():
             pending = box.pending()
@@ -139,12 +138,6 @@ def serve(node_config: Mapping, stop: threading.Event | None = None,
             box.answer(name, handle(letter, node_config, compose))
             last = time.monotonic()
             log.info("device worker: answered %s in %.2f s", name, last - started)
-
-
-def _beat(box: Mailbox, stop: threading.Event) -> None:
-    while not stop.is_set():
-        box.beat()
-        stop.wait(1.0)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +109,16 @@ class Mailbox:
 
     def beat(self) -> None:
         self.alive_file.touch()
+
+    def keep_beating(self, stop: threading.Event) -> None:
+        """Beat every second, in a daemon thread, until ``stop`` is set."""
+
+        def loop() -> None:
+            while not stop.is_set():
+                self.beat()
+                stop.wait(1.0)
+
+        threading.Thread(target=loop, name="mailbox-beat", daemon=True).start()
 
     def forget(self, name: str) -> None:
         """Remove a request and its reply (a device's worker keeps no history: the device's

@@ -41,12 +41,6 @@ def log_to(path: Path) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per pull otherwise
 
 
-def _beat(box: Mailbox, stop: threading.Event) -> None:
-    while not stop.is_set():
-        box.beat()
-        stop.wait(1.0)
-
-
 def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
     """The node server's run: answer the bridge's requests until it says stop (the experiment
     is over) or none comes for ``runtime.team_run_timeout`` seconds."""
@@ -74,7 +68,7 @@ def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
     store = StateStore(work / "state")
     (work / "server.pid").write_text(str(os.getpid()))  # for the host's operator (and the restart test)
     stop = threading.Event()
-    threading.Thread(target=_beat, args=(box, stop), daemon=True).start()
+    box.keep_beating(stop)
     idle_limit = float(runtime.get("team_run_timeout", 3600))
     last = time.monotonic()
     log.info("node %s: serving requests from %s", path, work)
