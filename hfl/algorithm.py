@@ -121,6 +121,9 @@ class ServerRule:
     # Whether inner nodes keep state between calls, or need more than their parent's payload
     # (the deployment's team runs carry neither yet: hfl.config.checks refuses such an algorithm there).
     node_state: ClassVar[bool] = False
+    # Whether the node step is a weighted merge of the children's models, so that a stale reply can be
+    # merged as a weighted delta (hfl.clock.policy): the deadline and buffered policies need it.
+    merges_replies: ClassVar[bool] = False
     # The dataclass typing the algorithm's own keys (a subclass of hfl.config.schema.AlgorithmConfig
     # or of one of its subclasses there, every field MISSING): registered as /schema/algorithm/<name>
     # for the config file that names it in its defaults list. None: the file names a schema of hfl's.

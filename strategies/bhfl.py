@@ -169,6 +169,7 @@ class BHFLServer(ServerRule):
     its next round)."""
 
     node_state = True
+    merges_replies = True  # the up merge takes the children's weighted mean (residual edges aside: hfl.clock.checks)
 
     check_config = staticmethod(check_config)  # the module's checks, above
     check_federation = staticmethod(check_federation)

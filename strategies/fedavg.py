@@ -17,6 +17,7 @@ class FedAvgServer(ServerRule):
     """The weighted mean at every node; devices also get ``algorithm.<key>`` for each of ``keys``."""
 
     keys: ClassVar[tuple[str, ...]] = ()
+    merges_replies = True
 
     def fit_config(self) -> dict[str, Scalar]:
         alg = self.alg

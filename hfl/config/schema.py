@@ -421,6 +421,30 @@ class MlflowLoggerConfig(LoggerConfig):
     artifact_location: Optional[str] = MISSING  # of an experiment it creates; null: beside a sqlite database
 
 
+# ---------------------------------------------------------------------------------- clock
+@dataclass
+class ClockConfig:
+    """conf/config.yaml's ``clock``: simulated time (hfl.clock). Numbers that may be per level
+    (``latency``, ``bandwidth``, ``policy``, ``deadline``, ``min_replies``, ``buffer``,
+    ``concurrency``) are ``Any``: one value, or a list root first (hfl.clock checks them)."""
+
+    enabled: bool = MISSING
+    step_seconds: float = MISSING
+    speed: Any = MISSING
+    trace: Optional[str] = MISSING
+    availability: Any = MISSING
+    latency: Any = MISSING
+    bandwidth: Any = MISSING
+    policy: Any = MISSING
+    deadline: Any = MISSING
+    min_replies: Any = MISSING
+    late: str = MISSING
+    buffer: Any = MISSING
+    concurrency: Any = MISSING
+    staleness: Any = MISSING
+    max_staleness: int = MISSING
+
+
 # ---------------------------------------------------------------------------------- root
 @dataclass
 class HflConfig:
@@ -441,6 +465,7 @@ class HflConfig:
     seed: int = MISSING
     resume: bool = MISSING  # go on with the killed run in hydra.run.dir (hfl.state.resume)
     overwrite: bool = MISSING  # a fresh run may replace the run already in hydra.run.dir
+    clock: ClockConfig = MISSING  # simulated time (hfl.clock)
 
 
 # group -> {schema name -> dataclass}; a YAML file names one as /schema/<group>/<name>@_here_.

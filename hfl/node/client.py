@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.client import NumPyClient
@@ -20,11 +20,14 @@ from flwr.common import EvaluateRes, NDArrays, Scalar
 from flwr.server.client_manager import SimpleClientManager
 
 from hfl.algorithm import ServerRule, model_from_state, model_state
+from hfl.clock.model import Clock
+from hfl.clock.policy import LevelPolicy
+from hfl.clock.timer import SIM_TIME, NodeTimer, without_clock
 from hfl.node.evaluation import DeviceScore, add_reports, evaluation_result, target_report
 from hfl.node.faults import drop
 from hfl.node.inprocess import (EvaluateMany, FitMany, client_manager_of, evaluate_children, fit_one_by_one,
                                 ordered_children, run_fit_rounds)
-from hfl.node.payload import LocalParameters, Payload, decode, pack, unpack
+from hfl.node.payload import LocalParameters, Payload, decode, npy_nbytes, pack, unpack
 from hfl.tree.sampling import evaluation_sample, parse_devices, sample_children
 from hfl.node.strategy import NodeStrategy
 from hfl.state.store import StateStore
@@ -51,6 +54,8 @@ class NodeSpec:
     dropout: float = 0.0  # of the children asked, the fraction failing each round (runtime.dropout[_nodes], hfl.node.faults)
     faults: bool = False  # simulated faults anywhere in the tree: a device may not have trained yet
     eval_fraction: float = 1.0  # of its children, asked to evaluate (top-level eval_fraction, hfl.runtime.build)
+    clock: Clock | None = None  # simulated time (clock.enabled, hfl.clock); None: rounds take no time
+    policy: LevelPolicy = field(default_factory=LevelPolicy)  # how its rounds close in simulated time
 
     @property
     def level(self) -> int:
@@ -85,7 +90,7 @@ def sample_records(spec: NodeSpec, round_path: str, report,  # noqa: ANN001
     children: then also which of them failed, ``dropped``), then its descendants' records: the
     run keeps them in samples.jsonl."""
     own = []
-    if spec.sample_fraction < 1 or spec.dropout > 0:
+    if spec.sample_fraction < 1 or spec.dropout > 0 or spec.clock is not None:  # a clock: who was idle and online
         own = [{"node": spec.path, "round": f"{round_path}.{r}", "asked": asked}
                for r, asked in enumerate(report.samples, start=1)]
         if spec.dropout > 0:
@@ -122,6 +127,7 @@ class NodeClient(NumPyClient):
         evaluate_many: EvaluateMany = evaluate_children,
         min_fit_fraction: float = 1.0,
         evaluate_targets: EvaluateTargets | None = None,
+        steps_of: Callable[[int], int] | None = None,
     ) -> None:
         self.spec = spec
         self.children = children
@@ -140,6 +146,7 @@ class NodeClient(NumPyClient):
         self.min_fit_fraction = min_fit_fraction  # of the children asked, the usable replies a round needs
         # Every target model to every device at once (a deployment: one message per device, not per target).
         self.evaluate_targets = evaluate_targets
+        self.steps_of = steps_of  # a device's minibatch steps per call: its work in simulated time (hfl.clock)
 
     def _asked_children(self, children: list, config: dict[str, Scalar], round_path: str, server_round: int) -> list:
         """The children a round asks: those holding a device the root drew (sampling=devices),
@@ -183,13 +190,23 @@ class NodeClient(NumPyClient):
         # What this call saves (its state, its devices') is a version of the global round it
         # computes, the first entry of its round path (hfl.state.store: resuming rolls back to a round).
         self.store.round = int(round_path.split(".")[0])
-        rule = self.make_rule(unpack(parameters, config), self.store.load(spec.store_key), round_path)
+        stored = self.store.load(spec.store_key)
+        timer = None
+        if spec.clock is not None:  # this call starts when the parent's message has arrived
+            arrived = float(config.get(SIM_TIME, 0.0)) + spec.clock.message_seconds(
+                spec.level - 1, sum(npy_nbytes(np.asarray(a)) for a in parameters))
+            timer = NodeTimer(spec.clock, spec.policy, level=spec.level, lowest=spec.lowest, start=arrived,
+                              path=spec.path, seed=spec.seed, steps_of=self.steps_of, stored=stored)
+        rule = self.make_rule(unpack(parameters, config), without_clock(stored), round_path)
         strategy = NodeStrategy(rule, self.min_fit_fraction)
 
         dropped: list[list[str]] = []  # per round, the children a simulated fault failed
 
         def sample(server_round: int, children: list) -> list:
-            asked = self._asked_children(children, config, round_path, server_round)
+            if timer is not None and not spec.device_sampling:  # the idle (and online) children
+                asked = timer.pick(children, spec.sample_fraction, f"{round_path}.{server_round}")
+            else:
+                asked = self._asked_children(children, config, round_path, server_round)
             if spec.dropout > 0:
                 asked, failed = drop(asked, [c.cid for c in asked], spec.dropout, spec.seed, spec.path,
                                      f"{round_path}.{server_round}")
@@ -199,19 +216,23 @@ class NodeClient(NumPyClient):
         forward = {"devices": config["devices"]} if spec.device_sampling else None
         try:
             params, report = run_fit_rounds(strategy, self.children, spec.rounds, sample, round_path, forward,
-                                            self.fit_many)
+                                            self.fit_many, timer)
         except RuntimeError as exc:  # the node fails its call: its parent counts it as a failed child
             raise RuntimeError(f"node {spec.path}: {exc}") from exc
         model = decode(params)
         # A gradient relay (level_models false) keeps no model: its reply is no predictor.
         state = model_state(model) if self.level_models else {}
         state.update(rule.state())  # e.g. node-optimiser moments (strategies.bhfl)
+        if timer is not None:
+            state.update(timer.state())  # its model version and the replies still in flight
         self.store.save(spec.store_key, state)
         self.persist()
         level = spec.level
         counters = dict(report.subtree)
+        timed = [] if timer is None else [(f"late_level{level + 1}", report.late),
+                                          (f"stale_level{level + 1}", report.stale)]
         for key, value in ((f"bytes_down_level{level}", report.bytes_down), (f"bytes_up_level{level}", report.bytes_up),
-                           (f"failures_level{level + 1}", report.failures)):
+                           (f"failures_level{level + 1}", report.failures), *timed):
             counters[key] = counters.get(key, 0) + value
         below = int(counters.get("device_failures", 0)) + report.failures
         metrics: dict[str, Scalar] = {
@@ -227,14 +248,15 @@ class NodeClient(NumPyClient):
             metrics["bytes_down_team"] = sum(v for k, v in counters.items() if k.startswith("bytes_down_level"))
             metrics["bytes_up_team"] = sum(v for k, v in counters.items() if k.startswith("bytes_up_level"))
         extra = rule.reply_parts()
+        arrays, meta = model, {}
         if extra:  # e.g. residual updates for the grandparent (strategies.bhfl)
             arrays, meta = pack("parts", {"model": model, **extra})
-            return arrays, report.num_examples, {**metrics, **meta}
-        kind = rule.reply_kind
-        if kind != "model":  # e.g. a gradient mean (strategies.pflego)
-            arrays, meta = pack(kind, model)
-            return arrays, report.num_examples, {**metrics, **meta}
-        return model, report.num_examples, metrics
+        elif rule.reply_kind != "model":  # e.g. a gradient mean (strategies.pflego)
+            arrays, meta = pack(rule.reply_kind, model)
+        if timer is not None:  # when the reply reaches the parent
+            metrics[SIM_TIME] = timer.time + spec.clock.message_seconds(
+                level - 1, sum(npy_nbytes(np.asarray(a)) for a in arrays))
+        return arrays, report.num_examples, {**metrics, **meta}
 
     def evaluate(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[float, int, dict[str, Scalar]]:
         start = time.perf_counter()

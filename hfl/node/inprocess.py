@@ -12,7 +12,7 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 from flwr.client import Client
 from flwr.common import (
@@ -38,7 +38,10 @@ from flwr.server.strategy import Strategy
 from hfl.errors import first_failure
 from hfl.node.faults import SimulatedFault
 from hfl.accel.lockstep import Execute, Lockstep
-from hfl.node.payload import payload_nbytes
+from hfl.node.payload import decode, payload_nbytes
+
+if TYPE_CHECKING:
+    from hfl.clock.timer import NodeTimer, RoundTiming
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +75,16 @@ class InProcessClientProxy(ClientProxy):
 
     def reconnect(self, ins: ReconnectIns, timeout: float | None, group_id: int | None) -> DisconnectRes:
         return DisconnectRes(reason="in-process client")
+
+
+class NamedChild(ClientProxy):
+    """A child known by its cid alone: the sender of a reply carried over from an earlier call
+    (hfl.clock), which nothing calls again through this proxy."""
+
+    def _absent(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError(f"child {self.cid} is not called through a carried reply")
+
+    get_properties = get_parameters = fit = evaluate = reconnect = _absent
 
 
 class LockstepServer(Server):
@@ -177,7 +190,8 @@ def client_manager_of(proxies: list[ClientProxy]) -> SimpleClientManager:
 
 # Counters a node adds up over its subtree (its children's replies carry theirs).
 # fit_test_*: devices' own test of the model they trained this round (the PFLEGO paper's figure).
-SUBTREE_COUNTERS = ("bytes_down_level", "bytes_up_level", "failures_level", "device_failures", "rejected", "fit_test_")
+SUBTREE_COUNTERS = ("bytes_down_level", "bytes_up_level", "failures_level", "device_failures", "rejected", "fit_test_",
+                    "late_level", "stale_level")
 
 
 @dataclass
@@ -192,6 +206,15 @@ class RoundsReport:
     samples: list[list[str]] = field(default_factory=list)  # per round, the cids asked
     subtree: dict[str, float] = field(default_factory=dict)  # SUBTREE_COUNTERS from the children
     child_samples: list[dict] = field(default_factory=list)  # the sample records of child nodes
+
+    sim_time: float | None = None  # the simulated time the last round closed (hfl.clock)
+    late: int = 0  # replies dropped as late (deadline) or too stale
+    stale: int = 0  # replies merged stale
+
+    def add_timing(self, timing: RoundTiming) -> None:
+        self.sim_time = timing.end
+        self.late += timing.late + timing.too_stale
+        self.stale += timing.stale
 
     def add_child_counters(self, metrics: dict) -> None:
         for key, value in metrics.items():
@@ -227,6 +250,7 @@ def run_fit_rounds(
     round_path: str = "",
     forward: dict | None = None,
     fit_many: FitMany = fit_one_by_one,
+    timer: NodeTimer | None = None,
 ) -> tuple[Parameters, RoundsReport]:
     """``num_rounds`` rounds of configure_fit -> client.fit -> aggregate_fit, in order.
 
@@ -234,7 +258,9 @@ def run_fit_rounds(
     of them without a sampler); each FitIns also carries the ``round_path`` of that round
     (e.g. ``"3.2"`` = team round 2 of global round 3) so that a child node seeds its own
     sampling by it, and the ``forward`` entries (e.g. the devices the root drew). ``fit_many``
-    calls the round's children (one by one, or a lowest node's devices batched).
+    calls the round's children (one by one, or a lowest node's devices batched). With a ``timer``
+    (simulated time, hfl.clock), each reply reaches the node at its simulated time and the level's
+    policy decides which replies a round merges (sync: all; deadline, buffered: hfl.clock.policy).
     """
     report = RoundsReport()
     parameters = strategy.initialize_parameters(manager)
@@ -250,8 +276,18 @@ def run_fit_rounds(
         here = f"{round_path}.{server_round}" if round_path else str(server_round)
         calls = [(proxy, FitIns(ins.parameters, {**ins.config, **(forward or {}), "round_path": here}))
                  for proxy, ins in instructions]
+        if timer is not None:
+            calls = timer.send(calls)
         report.bytes_down += sum(payload_nbytes(ins.parameters) for _, ins in calls)
-        for (proxy, _), res in zip(calls, fit_many(calls), strict=True):
+        outcomes = fit_many(calls)
+        if timer is not None:
+            closed, timing = timer.close(calls, outcomes, decode(parameters))
+            report.add_timing(timing)
+            by_cid = {proxy.cid: proxy for proxy, _ in calls}
+            outcomes = [entry.result for entry in closed.merged + closed.failed]
+            calls = [(entry.proxy or by_cid.get(entry.cid) or NamedChild(entry.cid), None)
+                     for entry in closed.merged + closed.failed]
+        for (proxy, _), res in zip(calls, outcomes, strict=True):
             if isinstance(res, BaseException):  # a dead child is counted, the round goes on
                 # A simulated fault (runtime.dropout) is expected: the log file has it, the console not.
                 log.log(logging.INFO if isinstance(res, SimulatedFault) else logging.WARNING,
@@ -265,6 +301,9 @@ def run_fit_rounds(
             report.add_child_counters(res.metrics)
             results.append((proxy, res))
         report.failures += len(failures)
+        if timer is not None and not results and timer.policy.kind != "sync":
+            report.metrics.append({"empty": 1})  # nothing arrived in time: the model stays as it was
+            continue
         aggregated, metrics = strategy.aggregate_fit(server_round, results, failures)
         if aggregated is None:
             needed = metrics.get("needed")

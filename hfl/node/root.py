@@ -23,6 +23,11 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from hfl.algorithm import Replies, ServerRule, model_state
+from hfl.clock.model import Clock
+from hfl.clock.policy import LevelPolicy
+from hfl.clock.timer import PREFIX as CLOCK_PREFIX
+from hfl.clock.timer import NodeTimer, without_clock
+from hfl.node.inprocess import NamedChild
 from hfl.errors import first_failure
 from hfl.node.client import EVAL_SAMPLES, node_key
 from hfl.node.evaluation import pool_evaluations
@@ -55,9 +60,18 @@ class RootStrategy(Strategy):
         min_fit_fraction: float = 0.0,
         dropout: Dropout | None = None,
         evaluation: EvaluationDraw | None = None,
+        clock: Clock | None = None,
+        policy: LevelPolicy | None = None,
+        seed: int = 0,
     ) -> None:
         self.store = store
-        self.rule = make_rule(store.load(ROOT_KEY))
+        stored = store.load(ROOT_KEY)
+        self.rule = make_rule(without_clock(stored))
+        # Simulated time (hfl.clock): the root's clock, model version and level-1 replies in flight.
+        self.timer = None if clock is None else NodeTimer(
+            clock, policy or LevelPolicy(), level=0, lowest=False, path="", seed=seed, stored=stored, new_call=False,
+            start=float(stored.get(f"{CLOCK_PREFIX}time", 0.0)) if stored else 0.0)
+        self._sent: dict[str, FitIns] = {}
         self.current: NDArrays = self.rule.start()
         self.num_teams = num_teams
         self.num_rounds = num_rounds
@@ -94,12 +108,19 @@ class RootStrategy(Strategy):
         self.store.round = server_round  # the root's state is a version of this round (hfl.state.store)
         self.current = self.rule.prepare(server_round, self.current)
         teams, extra = self._fit_targets(server_round, self._teams(client_manager))
+        if self.timer is not None and self.timer.policy.kind != "sync":  # the idle level-1 nodes it asks
+            by_path = sorted((int(self._path_of(p, server_round)), p) for p in teams)
+            teams = self.timer.pick([p for _, p in by_path], 1.0, str(server_round))
         teams = self._drop_nodes(server_round, teams)
         arrays, meta = self.rule.fit_message(server_round, self.current)
         parameters = ndarrays_to_parameters(arrays)
         self._round["bytes_down_global"] += payload_nbytes(parameters) * len(teams)
         ins = FitIns(parameters, {**extra, **meta, "global_round": server_round})
-        return [(proxy, ins) for proxy in teams]
+        calls = [(proxy, ins) for proxy in teams]
+        if self.timer is not None:  # each call carries the root's time
+            calls = self.timer.send(calls)
+            self._sent = {proxy.cid: sent for proxy, sent in calls}
+        return calls
 
     def _path_of(self, proxy: ClientProxy, server_round: int) -> str:
         """A level-1 node's path in the tree: Flower's node ids say nothing of the tree, so each
@@ -140,11 +161,29 @@ class RootStrategy(Strategy):
         """Add a level-1 node's subtree counters (bytes per edge level, seconds) to the round's."""
         for key, value in metrics.items():
             if key in ("bytes_down_team", "bytes_up_team", "compute_seconds") or (
-                key.startswith(("bytes_down_level", "bytes_up_level", "failures_level")) and key[-1].isdigit()
+                key.startswith(("bytes_down_level", "bytes_up_level", "failures_level", "late_level", "stale_level"))
+                and key[-1].isdigit()
             ):
                 self._round[key] = self._round.get(key, 0) + value
 
+    def _timed(self, results: list) -> list:
+        """The replies the root's policy merges this round (hfl.clock): all with sync; the level-1
+        replies that arrived in time or filled the buffer otherwise, stale ones as weighted deltas."""
+        calls = [(proxy, self._sent[proxy.cid]) for proxy, _ in results]
+        closed, timing = self.timer.close(calls, [res for _, res in results], self.current)
+        self._round["sim_time"] = timing.end
+        self._round["late_level1"] = self._round.get("late_level1", 0) + timing.late + timing.too_stale
+        self._round["stale_level1"] = self._round.get("stale_level1", 0) + timing.stale
+        return [(entry.proxy or NamedChild(entry.cid), entry.result) for entry in closed.merged]
+
     def aggregate_fit(self, server_round, results, failures):  # noqa: ANN001
+        if self.timer is not None:
+            for _, res in results:  # the subtrees' counters count when computed, merged or not
+                self._count_team_report(res.metrics)
+            results = self._timed(results)
+            if not results and self.timer.policy.kind != "sync":
+                self._save()
+                return ndarrays_to_parameters(self.current), {}  # nothing arrived in time
         accepted, rejected = accept_results(results, self.current, "team_id", "global")
         team_ids = [u.metrics.get("team_id") for u in accepted]
         if len(set(team_ids)) != len(team_ids):
@@ -158,7 +197,8 @@ class RootStrategy(Strategy):
             if res.metrics.get("samples"):
                 self._round.setdefault("samples", []).append(str(res.metrics["samples"]))
             self._round["failures"] += int(res.metrics.get("device_failures", 0))
-            self._count_team_report(res.metrics)
+            if self.timer is None:
+                self._count_team_report(res.metrics)
         if not accepted:
             raise RuntimeError(
                 f"global round {server_round}: no team model to aggregate "
@@ -177,8 +217,12 @@ class RootStrategy(Strategy):
         for key in ("fit_test_correct", "fit_test_samples"):
             self._round[key] = sum(int(res.metrics.get(key, 0)) for _, res in results)
         self.current = self.rule.aggregate(self.current, Replies(server_round, str(server_round), accepted))
-        self.store.save(ROOT_KEY, {**model_state(self.current), **self.rule.state()})
+        self._save()
         return ndarrays_to_parameters(self.current), {}
+
+    def _save(self) -> None:
+        clock = {} if self.timer is None else self.timer.state()
+        self.store.save(ROOT_KEY, {**model_state(self.current), **self.rule.state(), **clock})
 
     def evaluate(self, server_round, parameters):  # noqa: ANN001
         return None

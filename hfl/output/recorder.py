@@ -145,7 +145,9 @@ class Recorder:
                     "compute_seconds": counters.get("compute_seconds", 0.0),
                     "failures": int(counters.get("failures", 0)),
                     "evaluation_failures": int(counters.get("evaluation_failures", 0)),
-                    **{k: int(v) for k, v in counters.items() if k.startswith("failures_level")},
+                    **{k: int(v) for k, v in counters.items() if k.startswith(("failures_level", "late_level",
+                                                                                "stale_level"))},
+                    **({"sim_time": counters["sim_time"]} if "sim_time" in counters else {}),
                     **moved}
             self.lines.append(line)
             with self.metrics_path.open("a") as f:

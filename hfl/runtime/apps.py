@@ -21,6 +21,8 @@ from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.strategy import Strategy
 
+from hfl.clock.model import run_clock
+from hfl.clock.policy import LevelPolicy
 from hfl.config import schema
 from hfl.accel.batched import use_runtime_threads
 from hfl.algorithm import NodeContext, ServerRule
@@ -83,6 +85,9 @@ def build_global_strategy(cfg: Mapping, run_dir: str | Path, start: Checkpoint |
         # eval_fraction: the root's share of the level-1 nodes; the intervals are drawn against every device
         evaluation=EvaluationDraw(eval_fraction(cfg, 0, fed.tree.depth), int(cfg["seed"]), fed.tree.num_devices)
         if evaluation_sampled(cfg) else None,
+        clock=run_clock(cfg),  # simulated time (hfl.clock)
+        policy=LevelPolicy.for_level(cfg.get("clock", {}), 0),
+        seed=int(cfg["seed"]),
     )
     return strategy if start is None else Resumed(strategy, start.round)
 

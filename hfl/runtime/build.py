@@ -13,6 +13,9 @@ import torch
 from flwr.common import NDArrays
 from flwr.server.client_manager import SimpleClientManager
 
+from hfl.clock.checks import check_clock
+from hfl.clock.model import run_clock
+from hfl.clock.policy import LevelPolicy
 from hfl.device.client import DeviceClient
 from hfl.accel.batched import BatchedFit, batching_pays, resolve_device
 from hfl.accel.batched_eval import BatchedEvaluate
@@ -287,6 +290,7 @@ def check_tree(cfg: Mapping, tree: Tree) -> None:
         raise ConfigError("eval_fraction", f"has {len(fraction)} entries; this tree of depth {tree.depth} needs "
                                            f"{tree.depth} (levels 0..{tree.depth - 1})")
     load_server(alg).check_federation(cfg, federation_for(cfg))  # e.g. proxy sizes, a validation split
+    check_clock(cfg, tree.depth, load_server(alg))  # simulated time (hfl.clock)
     if alg.get("local_labels", False) and float(cfg["dataset"].get("proxy_fraction", 0.0)) > 0:
         raise ConfigError("algorithm.local_labels", "servers' proxy data keeps the dataset's labels; local labels "
                                                     "and dataset.proxy_fraction > 0 do not mix")
@@ -356,10 +360,13 @@ def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | Simp
 
     # Simulated faults (hfl.node.faults): the lowest servers drop devices, the others child nodes.
     device_dropout, node_dropout = dropout_fractions(cfg.get("runtime", {}))
+    clock = run_clock(cfg)
     spec = NodeSpec(path, level_rounds(alg, level, tree.depth), level_fraction(alg, level), int(cfg["seed"]),
                     tree.is_lowest(path), device_sampling=alg.get("sampling", "children") == "devices",
                     dropout=device_dropout if tree.is_lowest(path) else node_dropout,
-                    faults=device_dropout > 0 or node_dropout > 0, eval_fraction=eval_fraction(cfg, level, tree.depth))
+                    faults=device_dropout > 0 or node_dropout > 0 or clock is not None,
+                    eval_fraction=eval_fraction(cfg, level, tree.depth),
+                    clock=clock, policy=LevelPolicy.for_level(cfg.get("clock", {}), level))
     children = proxies if isinstance(proxies, SimpleClientManager) else client_manager_of(proxies)
     return NodeClient(spec, children, make_rule, store,
                       personalized=bool(alg["personalized"]), global_model=bool(alg.get("global_model", True)),
@@ -367,7 +374,18 @@ def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | Simp
                       level_models=bool(alg.get("level_models", True)),
                       evaluation_context=server.evaluation_context,
                       fit_many=fit_many, evaluate_many=evaluate_many,
-                      min_fit_fraction=float(alg.get("min_fit_fraction", 1.0)), evaluate_targets=evaluate_targets)
+                      min_fit_fraction=float(alg.get("min_fit_fraction", 1.0)), evaluate_targets=evaluate_targets,
+                      steps_of=device_steps(cfg, fed) if clock is not None and tree.is_lowest(path) else None)
+
+
+def device_steps(cfg: Mapping, fed: Federation) -> Callable[[int], int]:
+    """A device's minibatch steps per call (its work in simulated time, hfl.clock):
+    ``local_epochs`` epochs of its training data where the algorithm sets them, else ``local_steps``."""
+    alg = cfg["algorithm"]
+    epochs, steps, batch = int(alg.get("local_epochs", 0) or 0), int(alg["local_steps"]), int(cfg["dataset"]["batch_size"])
+    if not epochs:
+        return lambda device_id: steps
+    return lambda device_id: epochs * -(-len(fed.devices[device_id].y_train) // batch)
 
 
 def build_team_node(cfg: Mapping, team_id: int, state_dir: str | Path) -> NodeClient:

@@ -1,0 +1,43 @@
+"""The clock's settings checked before training, naming the key (hfl.config.checks calls these)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hfl.clock.model import Clock
+from hfl.clock.policy import LevelPolicy
+from hfl.errors import ConfigError
+
+
+def check_clock(cfg: Mapping, depth: int, server: type) -> None:
+    """Refuse a clock that cannot run: bad figures, a policy for a level the tree lacks, a policy
+    other than sync for an algorithm whose node step is no weighted merge."""
+    clock = cfg.get("clock") or {}
+    if not clock.get("enabled", False):
+        return
+    if cfg["runtime"].get("name") == "deployment":
+        raise ConfigError("clock.enabled", "simulated time is for runtime=simulation and runtime=inprocess; "
+                                           "a deployment runs in real time")
+    Clock.from_config(clock, int(cfg["seed"]))
+    alg = cfg["algorithm"]
+    for level in range(depth):
+        policy = LevelPolicy.for_level(clock, level)
+        if policy.kind == "sync":
+            continue
+        if not getattr(server, "merges_replies", False):
+            raise ConfigError("clock.policy", f"{policy.kind} at level {level} merges replies that arrive late or "
+                                              f"stale, which needs a node step that is a weighted merge (fedavg, "
+                                              f"hierfavg, bhfl, the mean-based baselines); algorithm "
+                                              f"{alg['name']!r} is not one: use sync")
+        if alg.get("residual_down") or int(alg.get("residual_up_k", 0) or 0):
+            raise ConfigError("clock.policy", f"{policy.kind} merges models as weighted deltas; B-HFL's residual "
+                                              "edges send more than the model: use sync, or residual edges off")
+        if policy.carries and alg.get("sampling", "children") == "devices":
+            raise ConfigError("clock.policy", f"{policy.kind} keeps children busy across rounds, which "
+                                              "algorithm.sampling=devices (the root's draw) does not allow")
+    for key in ("policy", "deadline", "min_replies", "buffer", "concurrency", "latency", "bandwidth"):
+        value = clock.get(key)
+        if isinstance(value, list | tuple) or (hasattr(value, "__len__") and not isinstance(value, str)):
+            if len(value) != depth:
+                raise ConfigError(f"clock.{key}", f"has {len(value)} entries; this tree of depth {depth} needs "
+                                                  f"{depth} (levels 0..{depth - 1}, root first)")

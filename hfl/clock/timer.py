@@ -1,0 +1,177 @@
+"""A node's rounds in simulated time (hfl.clock.policy over hfl.clock.model): which children can be
+asked (idle, and for devices online), when each reply reaches the node, what a round merges, and
+the node's clock, model version and replies in flight, kept in its state between calls.
+
+A device's reply reaches its node ``message(down) + work + message(up)`` after it was sent; a device
+that goes offline before its work is done fails at that moment, untouched (it is called through
+``DroppedProxy``, so its state does not change). A child node computes its own reply's arrival
+(``sim_time`` in its reply's metrics: its last round's close plus the message up).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.common import Code, FitIns, FitRes, Status
+from flwr.server.client_proxy import ClientProxy
+
+from hfl.clock.model import Clock
+from hfl.clock.policy import Closed, InFlight, LevelPolicy, close_round, merged_model
+from hfl.node.faults import DroppedProxy
+from hfl.node.payload import LocalParameters, decode, payload_nbytes
+from hfl.seed import rng
+from hfl.tree.sampling import sample_size
+
+SIM_TIME = "sim_time"  # config entry (when the parent sent) and reply metric (when it reaches the parent)
+PREFIX = "clock_"  # a node's stored clock entries
+
+
+@dataclass
+class RoundTiming:
+    """What a closed round reports: when it closed, and how many replies it dropped or merged stale."""
+
+    end: float
+    late: int = 0
+    too_stale: int = 0
+    stale: int = 0
+
+
+class NodeTimer:
+    """One call of a node (the root: the run) in simulated time."""
+
+    def __init__(self, clock: Clock, policy: LevelPolicy, *, level: int, lowest: bool, start: float,
+                 path: str, seed: int, steps_of: Callable[[int], int] | None = None,
+                 stored: dict[str, np.ndarray] | None = None, new_call: bool = True) -> None:
+        self.clock, self.policy = clock, policy
+        self.level, self.lowest, self.path, self.seed = level, lowest, path, seed
+        self.steps_of = steps_of  # a device's minibatch steps per call (lowest nodes)
+        self.version, self.inflight = load_inflight(stored)
+        self.version += new_call  # a call starts from its parent's model: a new version (the root's run: none)
+        self.time = start
+        self._sent_at: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ who is asked
+    def busy(self) -> set[str]:
+        return {entry.cid for entry in self.inflight}
+
+    def candidates(self, children: Sequence[ClientProxy]) -> list[int]:
+        """Indices of the children that can be asked now: not in flight, and (devices) online."""
+        cids = getattr(children, "cids", None) or [c.cid for c in children]
+        busy = self.busy()
+        index = [i for i, cid in enumerate(cids) if cid not in busy]
+        if self.lowest and self.clock.online < 1 and index:
+            online = self.clock.online_at([int(cids[i]) for i in index], self.time)
+            index = [i for i, on in zip(index, online.tolist(), strict=True) if on]
+        return index
+
+    def pick(self, children: Sequence[ClientProxy], fraction: float, round_path: str) -> list[ClientProxy]:
+        """The children a round asks: sync and deadline ask ceil(fraction x n) of those that can be
+        asked; buffered keeps ``concurrency`` (default that number) busy. Seeded like
+        hfl.tree.sampling.sample_children, and the same sample where every child can be asked."""
+        index = self.candidates(children)
+        wanted = self.policy.concurrency or sample_size(len(children), fraction)
+        k = min(len(index), wanted - len(self.inflight) if self.policy.kind == "buffered" else wanted)
+        if k <= 0:
+            return []
+        if k < len(index):
+            chosen = rng(self.seed, "sample", self.path or "root", round_path).choice(len(index), size=k, replace=False)
+            index = [index[int(c)] for c in sorted(chosen.tolist())]
+        return [children[i] for i in index]
+
+    # ------------------------------------------------------------------ a round's messages
+    def send(self, calls: list[tuple[ClientProxy, FitIns]]) -> list[tuple[ClientProxy, FitIns]]:
+        """The calls as made at the node's time: each carries it; a device that would go offline
+        before its work is done is called through a proxy that fails (its state left as it was)."""
+        out = []
+        for proxy, ins in calls:
+            self._sent_at[proxy.cid] = self.time
+            ins = FitIns(ins.parameters, {**ins.config, SIM_TIME: self.time})
+            if self.lowest and self.steps_of is not None:
+                device = int(proxy.cid)
+                down = self.time + self.clock.message_seconds(self.level, payload_nbytes(ins.parameters))
+                done = down + self.clock.work_seconds(device, self.steps_of(device))
+                off = self.clock.offline_between(device, self.time, done)
+                if off is not None:
+                    self._sent_at[proxy.cid] = -off - 1.0  # marks the moment it went away (see arrival)
+                    proxy = DroppedProxy(proxy, f"device {device} went offline at simulated time {off:.1f}")
+            out.append((proxy, ins))
+        return out
+
+    def arrival(self, proxy: ClientProxy, ins: FitIns, result: FitRes | BaseException) -> float:
+        """When a reply (or the news of a failure) reaches the node."""
+        sent = self._sent_at[proxy.cid]
+        if sent < 0:  # went offline: noticed when it went
+            return -sent - 1.0
+        down = sent + self.clock.message_seconds(self.level, payload_nbytes(ins.parameters))
+        if isinstance(result, BaseException) or result.status.code != Code.OK:
+            return down
+        if not self.lowest:
+            return float(result.metrics.get(SIM_TIME, down))
+        device = int(proxy.cid)
+        work = self.clock.work_seconds(device, self.steps_of(device)) if self.steps_of is not None else 0.0
+        return down + work + self.clock.message_seconds(self.level, payload_nbytes(result.parameters))
+
+    def close(self, calls: list[tuple[ClientProxy, FitIns]], outcomes: Sequence[FitRes | BaseException],
+              current: Sequence[np.ndarray]) -> tuple[Closed, RoundTiming]:
+        """The round's close: the new replies join those in flight, the policy takes its pick,
+        and the merged replies are made ready for the rule (stale ones as weighted deltas)."""
+        start = self.time
+        for (proxy, ins), result in zip(calls, outcomes, strict=True):
+            self.inflight.append(InFlight(proxy.cid, self.arrival(proxy, ins, result), self.version, result,
+                                          decode(ins.parameters), proxy))
+        closed, self.inflight = close_round(self.policy, start, self.inflight, self.version)
+        timing = RoundTiming(closed.end, late=len(closed.late), too_stale=len(closed.too_stale))
+        for entry in closed.merged:
+            staleness = self.version - entry.version
+            weight = self.policy.weight(staleness)
+            timing.stale += staleness > 0
+            res: FitRes = entry.result
+            if staleness or weight != 1.0:
+                model = merged_model(current, decode(res.parameters), entry.sent, staleness, weight)
+                entry.result = FitRes(res.status, LocalParameters(model), res.num_examples, res.metrics)
+        self.time = closed.end
+        if closed.merged:
+            self.version += 1
+        return closed, timing
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**dump_inflight(self.version, self.inflight), f"{PREFIX}time": np.array(self.time)}
+
+
+def load_inflight(stored: dict[str, np.ndarray] | None) -> tuple[int, list[InFlight]]:
+    """The version and replies in flight a node stored (``dump_inflight``)."""
+    if not stored or f"{PREFIX}version" not in stored:
+        return 0, []
+    entries = []
+    for i, meta in enumerate(json.loads(bytes(stored[f"{PREFIX}inflight"]).decode() or "[]")):
+        reply = [stored[f"{PREFIX}{i}_reply_{j}"] for j in range(meta["arrays"])]
+        sent = [stored[f"{PREFIX}{i}_sent_{j}"] for j in range(meta["arrays"])]
+        result = FitRes(Status(Code.OK, "Success"), LocalParameters(reply), meta["num_examples"], meta["metrics"])
+        entries.append(InFlight(meta["cid"], meta["arrival"], meta["version"], result, sent))
+    return int(stored[f"{PREFIX}version"]), entries
+
+
+def dump_inflight(version: int, inflight: list[InFlight]) -> dict[str, np.ndarray]:
+    """A node's clock state as stored arrays: its model version and the replies in flight."""
+    out: dict[str, np.ndarray] = {f"{PREFIX}version": np.array(version)}
+    metas = []
+    for i, entry in enumerate(inflight):
+        res: FitRes = entry.result
+        reply = decode(res.parameters)
+        for j, (r, s) in enumerate(zip(reply, entry.sent, strict=True)):
+            out[f"{PREFIX}{i}_reply_{j}"], out[f"{PREFIX}{i}_sent_{j}"] = np.asarray(r), np.asarray(s)
+        metas.append({"cid": entry.cid, "arrival": entry.arrival, "version": entry.version, "arrays": len(reply),
+                      "num_examples": int(res.num_examples), "metrics": dict(res.metrics)})
+    out[f"{PREFIX}inflight"] = np.frombuffer(json.dumps(metas).encode(), dtype=np.uint8)
+    return out
+
+
+def without_clock(state: dict[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
+    """A stored node state less its clock entries (what the algorithm's rule reads)."""
+    if not state:
+        return state
+    return {k: v for k, v in state.items() if not k.startswith(PREFIX)}
+
