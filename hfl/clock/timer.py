@@ -164,7 +164,9 @@ def dump_inflight(version: int, inflight: list[InFlight]) -> dict[str, np.ndarra
         for j, (r, s) in enumerate(zip(reply, entry.sent, strict=True)):
             out[f"{PREFIX}{i}_reply_{j}"], out[f"{PREFIX}{i}_sent_{j}"] = np.asarray(r), np.asarray(s)
         metas.append({"cid": entry.cid, "arrival": entry.arrival, "version": entry.version, "arrays": len(reply),
-                      "num_examples": int(res.num_examples), "metrics": dict(res.metrics)})
+                      "num_examples": int(res.num_examples),
+                      # wall-clock seconds left out: a resumed run stores what the uninterrupted one does
+                      "metrics": {k: v for k, v in res.metrics.items() if k != "compute_seconds"}})
     out[f"{PREFIX}inflight"] = np.frombuffer(json.dumps(metas).encode(), dtype=np.uint8)
     return out
 
