@@ -15,6 +15,7 @@ from hfl.clock.policy import InFlight, LevelPolicy, close_round, merged_model, s
 from hfl.errors import ConfigError
 from hfl.node.payload import npy_nbytes
 from hfl.runtime.build import check_tree, federation_for, initial_model
+from hfl.output.report import GM, curve, load_run
 from hfl.runtime.simulate import run
 from tests.conftest import compose_cfg
 
@@ -126,6 +127,10 @@ def test_sync_round_times_on_a_hand_made_tree(tmp_path):
     one_round = 2 * (0.5 + model_bytes / 1000) + 2 * (0.25 + model_bytes / 2000) + 20 * 0.1 / 2.0
     assert lines[0]["sim_time"] == pytest.approx(one_round)
     assert lines[1]["sim_time"] == pytest.approx(2 * one_round)
+    # the run's plots and hfl-report's also draw accuracy against simulated time
+    xs, values, _, _ = curve([load_run(tmp_path)], GM.keys("accuracy"), "sim_time")
+    assert xs == [line["sim_time"] for line in lines] and values == [line["gm_accuracy"] for line in lines]
+    assert (tmp_path / "accuracy_time.png").stat().st_size > 0
 
 
 def test_a_clock_with_sync_nodes_trains_the_models_of_a_run_without_one(tmp_path):

@@ -531,19 +531,33 @@ def render_markdown(groups: dict[tuple[str, str], dict[str, Row]], paper: dict |
 # ---------------------------------------------------------------- plots
 
 
-def curve(runs: Sequence[Run], keys: str | Sequence[str]) -> tuple[list[int], list[float], list[float], list[float]]:
-    """Per evaluated round: (rounds, mean, min, max) over the runs that report it; with several
-    keys, each line's first one that has a value."""
+def curve(runs: Sequence[Run], keys: str | Sequence[str],
+          x: str = "round") -> tuple[list[float], list[float], list[float], list[float]]:
+    """Per evaluated round: (x, mean, min, max) over the runs that report it; with several
+    keys, each line's first one that has a value. ``x="sim_time"``: x is the runs' mean simulated
+    time at that round (hfl.clock), and only lines that record one count."""
     keys = (keys,) if isinstance(keys, str) else keys
     by_round: dict[int, list[float]] = {}
+    times: dict[int, list[float]] = {}
     for run in runs:
         for line in run.metrics:
             value = first_value(line, keys)
-            if value is not None:
+            if value is not None and (x == "round" or line.get(x) is not None):
                 by_round.setdefault(line["round"], []).append(value)
+                if x != "round":
+                    times.setdefault(line["round"], []).append(float(line[x]))
     rounds = sorted(by_round)
-    return (rounds, [statistics.fmean(by_round[r]) for r in rounds],
+    xs = rounds if x == "round" else [statistics.fmean(times[r]) for r in rounds]
+    return (xs, [statistics.fmean(by_round[r]) for r in rounds],
             [min(by_round[r]) for r in rounds], [max(by_round[r]) for r in rounds])
+
+
+X_LABELS = {"round": "global round", "sim_time": "simulated time (s)"}
+
+
+def timed(runs: Iterable[Run]) -> bool:
+    """Whether some run records simulated time (clock.enabled): its plots are also drawn against it."""
+    return any(line.get("sim_time") is not None for run in runs for line in run.metrics)
 
 
 def safe_name(text: str) -> str:
@@ -554,7 +568,7 @@ QUANTITIES = (("accuracy", 100.0, "test accuracy (%)"), ("loss", 1.0, "test loss
 
 
 def levels_figure(rows: dict[str, Row], levels: Sequence[Level], quantity: str, scale: float, ylabel: str,
-                  title: str):
+                  title: str, x: str = "round"):
     """A matplotlib Figure with one panel per level (in a grid of at most 3 columns), one line
     per algorithm with its seeds' min-max band."""
     colors = {algorithm: f"C{i % 10}" for i, algorithm in enumerate(rows)}
@@ -564,7 +578,7 @@ def levels_figure(rows: dict[str, Row], levels: Sequence[Level], quantity: str, 
     for index, level in enumerate(levels, start=1):
         ax = fig.add_subplot(grid_rows, columns, index)
         for algorithm, row in rows.items():
-            rounds, mean, low, high = curve(row.runs, level.keys(quantity))
+            rounds, mean, low, high = curve(row.runs, level.keys(quantity), x)
             if not rounds:
                 continue
             n = len(row.runs)
@@ -574,7 +588,7 @@ def levels_figure(rows: dict[str, Row], levels: Sequence[Level], quantity: str, 
             if n > 1:
                 ax.fill_between(rounds, [scale * v for v in low], [scale * v for v in high],
                                 color=colors[algorithm], alpha=0.2, linewidth=0)
-        finish_axes(ax, f"{level.label} {quantity}", ylabel, f"no {level.name} {quantity} in these runs")
+        finish_axes(ax, f"{level.label} {quantity}", ylabel, f"no {level.name} {quantity} in these runs", x)
     fig.suptitle(title)
     return fig
 
@@ -590,13 +604,14 @@ def new_figure(width: float, height: float):
     return fig
 
 
-def finish_axes(ax, title: str, ylabel: str, empty: str) -> None:  # noqa: ANN001 - a matplotlib Axes
+def finish_axes(ax, title: str, ylabel: str, empty: str, x: str = "round") -> None:  # noqa: ANN001 - an Axes
     """Titles, integer round ticks, grid and legend; an axes with no line says so instead."""
     from matplotlib.ticker import MaxNLocator
 
     ax.set_title(title)
-    ax.set_xlabel("global round")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(X_LABELS[x])
+    if x == "round":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     if ax.lines:
@@ -612,13 +627,15 @@ def plot_group(rows: dict[str, Row], dataset: str, model: str, out_dir: Path) ->
     the runs report (PM and GM when they report none); returns the file names."""
     levels = group_levels(rows) or [PM, GM]
     names = []
-    for quantity, scale, ylabel in QUANTITIES:
-        panels = [*levels, CLIENT_MEAN_PANEL] if quantity == "accuracy" and reports_client_mean(rows) else levels
-        fig = levels_figure(rows, panels, quantity, scale, ylabel,
-                            f"{dataset} / {model}: mean over seeds, band = min–max")
-        name = f"{safe_name(dataset)}_{safe_name(model)}_{quantity}.png"
-        fig.savefig(out_dir / name, dpi=120)
-        names.append(name)
+    axes = ["round", "sim_time"] if timed(run for row in rows.values() for run in row.runs) else ["round"]
+    for x in axes:  # runs with a clock: also against simulated time (<...>_accuracy_time.png)
+        for quantity, scale, ylabel in QUANTITIES:
+            panels = [*levels, CLIENT_MEAN_PANEL] if quantity == "accuracy" and reports_client_mean(rows) else levels
+            fig = levels_figure(rows, panels, quantity, scale, ylabel,
+                                f"{dataset} / {model}: mean over seeds, band = min–max", x)
+            name = f"{safe_name(dataset)}_{safe_name(model)}_{quantity}{'' if x == 'round' else '_time'}.png"
+            fig.savefig(out_dir / name, dpi=120)
+            names.append(name)
     return names
 
 

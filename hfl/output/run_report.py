@@ -11,6 +11,7 @@ from pathlib import Path
 
 from hfl.output.report import (
     DASH,
+    timed,
     GM,
     PM,
     QUANTITIES,
@@ -89,17 +90,19 @@ def run_title(run: Run) -> str:
     return f"{run.algorithm} on {run.dataset} / {run.model}"
 
 
-def run_figure(run: Run, levels: Sequence[Level], quantity: str, scale: float, ylabel: str, title: str):
+def run_figure(run: Run, levels: Sequence[Level], quantity: str, scale: float, ylabel: str, title: str,
+               x: str = "round"):
     """One axes with a line per model level: a single run's levels side by side, which is
     what personalization is about (PM against team against GM)."""
     fig = new_figure(7, 4.5)
     ax = fig.add_subplot(1, 1, 1)
     for index, level in enumerate(levels):
-        rounds, values, _, _ = curve([run], level.keys(quantity))
+        rounds, values, _, _ = curve([run], level.keys(quantity), x)
         if rounds:
             ax.plot(rounds, [scale * v for v in values], color=f"C{index % 10}",
                     marker="o" if len(rounds) <= 20 else None, markersize=3, label=level.label)
-    finish_axes(ax, f"{quantity} per global round", ylabel, f"no {quantity} in this run")
+    finish_axes(ax, f"{quantity} per global round" if x == "round" else f"{quantity} over simulated time", ylabel,
+                f"no {quantity} in this run", x)
     fig.suptitle(title)
     return fig
 
@@ -108,10 +111,11 @@ def plot_run(run: Run, out_dir: Path) -> list[str]:
     """accuracy.png and loss.png in out_dir; returns the file names."""
     levels = run_levels(run) or [PM, GM]
     names = []
-    for quantity, scale, ylabel in QUANTITIES:
-        name = f"{quantity}.png"
-        run_figure(run, levels, quantity, scale, ylabel, run_title(run)).savefig(out_dir / name, dpi=110)
-        names.append(name)
+    for x in ["round", "sim_time"] if timed([run]) else ["round"]:  # a clock: also accuracy_time.png
+        for quantity, scale, ylabel in QUANTITIES:
+            name = f"{quantity}{'' if x == 'round' else '_time'}.png"
+            run_figure(run, levels, quantity, scale, ylabel, run_title(run), x).savefig(out_dir / name, dpi=110)
+            names.append(name)
     return names
 
 
