@@ -139,6 +139,13 @@ class ServerRule:
         """What needs the built tree and data (e.g. a validation split, a body/head model)."""
 
     @classmethod
+    def device_evaluation_config(cls, alg: Mapping[str, Any], depth: int) -> dict[str, Scalar]:
+        """Config the lowest servers add when their devices test their own model (PM): what a
+        device that changes its model when asked needs (B-HFL's own training sessions, with the
+        clock); none by default. When not empty, the node saves its devices after evaluating."""
+        return {}
+
+    @classmethod
     def evaluation_context(cls, state: Mapping[str, np.ndarray] | None) -> dict[str, NDArrays]:
         """Parts named ``ctx_*`` a lowest node adds, from its stored state, to what its devices
         complete their personal model from (e.g. FeMAM's team model); none by default."""

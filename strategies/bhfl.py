@@ -159,6 +159,8 @@ def check_federation(cfg: Mapping[str, Any], fed) -> None:  # noqa: ANN001 - hfl
 def device_config(alg: Mapping[str, Any], depth: int) -> dict:
     """What the lowest servers send their devices besides the model."""
     return {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "persistent": alg["persistent_devices"],
+            "background_every": float(alg.get("background_every", 0.0) or 0.0),
+            "background_max": int(alg.get("background_max", 0) or 0),
             "down": json.dumps(spec_for(alg, depth, "down")),
             "residual_down": json.dumps(nodeopt.check_spec("algorithm.residual_down_opt", alg["residual_down_opt"]))}
 
@@ -173,6 +175,13 @@ class BHFLServer(ServerRule):
 
     check_config = staticmethod(check_config)  # the module's checks, above
     check_federation = staticmethod(check_federation)
+
+    @classmethod
+    def device_evaluation_config(cls, alg: Mapping[str, Any], depth: int) -> dict[str, Scalar]:
+        if not float(alg.get("background_every", 0.0) or 0.0) or not alg["persistent_devices"]:
+            return {}
+        config = device_config(alg, depth)  # its sessions' steps and rate
+        return {k: config[k] for k in ("alpha", "local_steps", "background_every", "background_max")}
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)

@@ -3,22 +3,31 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from hfl.clock.model import Clock
 from hfl.clock.policy import LevelPolicy
+from hfl.clock.shift import run_shift
 from hfl.errors import ConfigError
 
 
-def check_clock(cfg: Mapping, depth: int, server: type) -> None:
+def check_clock(cfg: Mapping, depth: int, server: type, fed: Any) -> None:
     """Refuse a clock that cannot run: bad figures, a policy for a level the tree lacks, a policy
     other than sync for an algorithm whose node step is no weighted merge."""
     clock = cfg.get("clock") or {}
     if not clock.get("enabled", False):
+        if float(cfg["algorithm"].get("background_every", 0.0) or 0.0) > 0:
+            raise ConfigError("algorithm.background_every", "devices' own sessions run in simulated time: "
+                                                            "set clock.enabled=true")
         return
     if cfg["runtime"].get("name") == "deployment":
         raise ConfigError("clock.enabled", "simulated time is for runtime=simulation and runtime=inprocess; "
                                            "a deployment runs in real time")
     Clock.from_config(clock, int(cfg["seed"]))
+    shift = run_shift(cfg)
+    if shift is not None and shift.kind == "rotate" and len(fed.input_shape) != 3:
+        raise ConfigError("clock.shift.kind", f"rotate needs images; {cfg['dataset']['name']} has inputs of shape "
+                                              f"{tuple(fed.input_shape)}: use permute or labels")
     alg = cfg["algorithm"]
     for level in range(depth):
         policy = LevelPolicy.for_level(clock, level)

@@ -238,6 +238,8 @@ class BHFLConfig(HierFAVGConfig):
     proxy_samples: Optional[List[int]] = MISSING  # per level 0..D-1
     proxy_steps: int = MISSING
     proxy_lr: float = MISSING
+    background_every: float = MISSING  # simulated seconds between a persistent device's own sessions; 0 = off
+    background_max: int = MISSING
 
 
 @dataclass
@@ -443,6 +445,7 @@ class ClockConfig:
     concurrency: Any = MISSING
     staleness: Any = MISSING
     max_staleness: int = MISSING
+    shift: Any = MISSING  # dataset shift (hfl.clock.shift)
 
 
 # ---------------------------------------------------------------------------------- root

@@ -128,6 +128,8 @@ class NodeClient(NumPyClient):
         min_fit_fraction: float = 1.0,
         evaluate_targets: EvaluateTargets | None = None,
         steps_of: Callable[[int], int] | None = None,
+        at_time: Callable[[float], None] | None = None,
+        device_evaluation_config: dict[str, Scalar] | None = None,
     ) -> None:
         self.spec = spec
         self.children = children
@@ -147,6 +149,8 @@ class NodeClient(NumPyClient):
         # Every target model to every device at once (a deployment: one message per device, not per target).
         self.evaluate_targets = evaluate_targets
         self.steps_of = steps_of  # a device's minibatch steps per call: its work in simulated time (hfl.clock)
+        self.device_evaluation_config = device_evaluation_config or {}  # ServerRule.device_evaluation_config
+        self.at_time = at_time  # tells a lowest node's devices the simulated time (their data may drift: hfl.clock.shift)
 
     def _asked_children(self, children: list, config: dict[str, Scalar], round_path: str, server_round: int) -> list:
         """The children a round asks: those holding a device the root drew (sampling=devices),
@@ -197,6 +201,8 @@ class NodeClient(NumPyClient):
                 spec.level - 1, sum(npy_nbytes(np.asarray(a)) for a in parameters))
             timer = NodeTimer(spec.clock, spec.policy, level=spec.level, lowest=spec.lowest, start=arrived,
                               path=spec.path, seed=spec.seed, steps_of=self.steps_of, stored=stored)
+            if self.at_time is not None:
+                self.at_time(arrived)
         rule = self.make_rule(unpack(parameters, config), without_clock(stored), round_path)
         strategy = NodeStrategy(rule, self.min_fit_fraction)
 
@@ -260,6 +266,8 @@ class NodeClient(NumPyClient):
 
     def evaluate(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[float, int, dict[str, Scalar]]:
         start = time.perf_counter()
+        if self.at_time is not None and SIM_TIME in config:
+            self.at_time(float(config[SIM_TIME]))
         received = unpack(parameters, config)
         models = {"gm": received.main} if received.kind == "model" else dict(received.parts)
         if not self.global_model and self.pm_base != "gm":
@@ -275,7 +283,10 @@ class NodeClient(NumPyClient):
         metrics: dict[str, Scalar] = {"node": self.spec.path, f"bytes_down_level{self.spec.level}": 0}
         children, records = self._evaluated_children(config)
         if self.spec.lowest:
-            reports = [self._evaluate_devices(children, models, metrics, state)]
+            timing = {SIM_TIME: config[SIM_TIME]} if SIM_TIME in config else {}
+            reports = [self._evaluate_devices(children, models, metrics, state, timing)]
+            if self.device_evaluation_config:  # its devices may have changed when tested (B-HFL's sessions)
+                self.persist()
         else:
             reports = self._evaluate_nodes(children, models, metrics, config)
             records += [r for report in reports if report.get(EVAL_SAMPLES)
@@ -290,7 +301,8 @@ class NodeClient(NumPyClient):
         return evaluation_result(metrics, self.global_model)
 
     def _evaluate_devices(self, children: SimpleClientManager, models: dict[str, NDArrays],
-                          metrics: dict[str, Scalar], state: dict[str, np.ndarray] | None) -> dict[str, Scalar]:
+                          metrics: dict[str, Scalar], state: dict[str, np.ndarray] | None,
+                          timing: dict[str, Scalar] | None = None) -> dict[str, Scalar]:
         """Each target model on the asked devices' test splits; the devices' own models for PM."""
         targets = {k: v for k, v in models.items() if not k.startswith(CONTEXT)}
         context = {k: v for k, v in models.items() if k.startswith(CONTEXT)}
@@ -310,6 +322,8 @@ class NodeClient(NumPyClient):
             samples = sampled and f"level{self.spec.level}" in models
             targets["pm"] = models[f"level{self.spec.level}"] if samples else []
             config["pm"] = {"fallback": True} if samples else {}
+            if self.device_evaluation_config:
+                config["pm"].update({**self.device_evaluation_config, **(timing or {})})
         report: dict[str, Scalar] = {}
         # batched devices read the arrays; bytes only if they leave
         asks = [(LocalParameters(arrays), {"model": DEVICE_MODEL.get(target, "team"), **config.get(target, {})})
@@ -331,7 +345,7 @@ class NodeClient(NumPyClient):
         arrays, meta = pack("parts", models)
         sent = LocalParameters(arrays)
         # The round goes along: a deployed child names its request by it (hfl.deploy.mailbox).
-        rounds = {k: config[k] for k in ("global_round",) if k in config}
+        rounds = {k: config[k] for k in ("global_round", SIM_TIME) if k in config}
         replies, moved = self.evaluate_many(children, sent, {**meta, **rounds})
         metrics[f"bytes_down_level{self.spec.level}"] += moved
         out = []

@@ -26,7 +26,7 @@ from hfl.algorithm import Replies, ServerRule, model_state
 from hfl.clock.model import Clock
 from hfl.clock.policy import LevelPolicy
 from hfl.clock.timer import PREFIX as CLOCK_PREFIX
-from hfl.clock.timer import NodeTimer, without_clock
+from hfl.clock.timer import SIM_TIME, NodeTimer, without_clock
 from hfl.node.inprocess import NamedChild
 from hfl.errors import first_failure
 from hfl.node.client import EVAL_SAMPLES, node_key
@@ -235,7 +235,8 @@ class RootStrategy(Strategy):
         arrays, meta = self.rule.evaluation_message(self.current)
         parameters = ndarrays_to_parameters(arrays)
         self._round["bytes_down_global"] += payload_nbytes(parameters) * len(teams)
-        ins = EvaluateIns(parameters, {**meta, "global_round": server_round})
+        timed = {} if self.timer is None else {SIM_TIME: self.timer.time}  # data may drift (hfl.clock.shift)
+        ins = EvaluateIns(parameters, {**meta, "global_round": server_round, **timed})
         return [(proxy, ins) for proxy in teams]
 
     def _evaluated_teams(self, server_round: int, teams: list[ClientProxy]) -> list[ClientProxy]:

@@ -15,6 +15,7 @@ from flwr.server.client_manager import SimpleClientManager
 
 from hfl.clock.checks import check_clock
 from hfl.clock.model import run_clock
+from hfl.clock.shift import run_shift
 from hfl.clock.policy import LevelPolicy
 from hfl.device.client import DeviceClient
 from hfl.accel.batched import BatchedFit, batching_pays, resolve_device
@@ -290,7 +291,7 @@ def check_tree(cfg: Mapping, tree: Tree) -> None:
         raise ConfigError("eval_fraction", f"has {len(fraction)} entries; this tree of depth {tree.depth} needs "
                                            f"{tree.depth} (levels 0..{tree.depth - 1})")
     load_server(alg).check_federation(cfg, federation_for(cfg))  # e.g. proxy sizes, a validation split
-    check_clock(cfg, tree.depth, load_server(alg))  # simulated time (hfl.clock)
+    check_clock(cfg, tree.depth, load_server(alg), federation_for(cfg))  # simulated time (hfl.clock)
     if alg.get("local_labels", False) and float(cfg["dataset"].get("proxy_fraction", 0.0)) > 0:
         raise ConfigError("algorithm.local_labels", "servers' proxy data keeps the dataset's labels; local labels "
                                                     "and dataset.proxy_fraction > 0 do not mix")
@@ -312,9 +313,16 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
         trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed)))
         local = bool(alg.get("local_labels", False))
 
+        shift, now = run_shift(cfg), [0.0]  # the simulated time the node's message is at (hfl.clock.shift)
+
         def build_device(d: int) -> DeviceRuntime:
-            return device_runtime(cfg, d, device_data(cfg, fed, d), trainer, None,
-                                  device_classes(fed, d) if local else None)
+            data = device_data(cfg, fed, d)
+            if shift is not None:
+                data = shift.apply(data, now[0])
+            return device_runtime(cfg, d, data, trainer, None, device_classes(fed, d) if local else None)
+
+        def at_time(t: float) -> None:
+            now[0] = t
 
         # Devices exist only while they work: each is built when its node asks it (hfl.runtime.build.NodeDevices).
         clients = NodeDevices(tree.devices(path), build_device, client_module.make_client, store, devices_key(path))
@@ -338,7 +346,10 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
         def persist() -> None:
             pass
 
-    return node_client(cfg, path, store, proxies, holds, persist, fit_many, evaluate_many)
+        at_time = None
+    client = node_client(cfg, path, store, proxies, holds, persist, fit_many, evaluate_many)
+    client.at_time = at_time
+    return client
 
 
 def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | SimpleClientManager,
@@ -375,7 +386,9 @@ def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | Simp
                       evaluation_context=server.evaluation_context,
                       fit_many=fit_many, evaluate_many=evaluate_many,
                       min_fit_fraction=float(alg.get("min_fit_fraction", 1.0)), evaluate_targets=evaluate_targets,
-                      steps_of=device_steps(cfg, fed) if clock is not None and tree.is_lowest(path) else None)
+                      steps_of=device_steps(cfg, fed) if clock is not None and tree.is_lowest(path) else None,
+                      device_evaluation_config=server.device_evaluation_config(alg, tree.depth)
+                      if clock is not None and tree.is_lowest(path) else None)
 
 
 def device_steps(cfg: Mapping, fed: Federation) -> Callable[[int], int]:
