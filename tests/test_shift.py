@@ -4,7 +4,6 @@ class proportions and transforms by hand, and devices that keep training between
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
