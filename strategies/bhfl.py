@@ -199,6 +199,7 @@ class BHFLServer(ServerRule):
         self.up_state = {k: v for k, v in stored.items() if k.startswith(("up.", RES_UP))}
         self.proxy = ProxyTrainer.maybe(ctx, ctx.state)
         self.residuals_out: list[NDArrays] = []
+        self.proxy_delta: NDArrays | None = None  # proxy_async: this round's proxy training, merged late
 
     def start(self) -> NDArrays:
         return super().start() if self.ctx.is_root else self.theta0
@@ -207,7 +208,14 @@ class BHFLServer(ServerRule):
         return device_config(self.alg, self.depth) if self.ctx.is_lowest else {}
 
     def prepare(self, rnd: int, model: NDArrays) -> NDArrays:
-        return self.proxy.train(model) if self.proxy is not None else model
+        if self.proxy is None:
+            return model
+        if self.alg.get("proxy_async", False):
+            # The proposal's async TRAIN: the children get the model before training; what the proxy
+            # training moved is added at the merge, weighted by the staleness factor (proxy_delta).
+            self.proxy_delta = [t - m for t, m in zip(self.proxy.train(model), model, strict=True)]
+            return model
+        return self.proxy.train(model)
 
     def fit_message(self, rnd: int, model: NDArrays) -> Message:
         if not self.forward:
@@ -220,6 +228,9 @@ class BHFLServer(ServerRule):
             self.residuals_out = [replies.models[i] for i in largest_updates(model, replies.models, k)]
         theta, self.up_state = merge_up(self.alg, self.level, model, replies.models, replies.weights,
                                         residual_parts(replies.updates), self.up_state)
+        if self.proxy_delta is not None:
+            theta = add_stale(theta, self.proxy_delta, float(self.alg.get("proxy_staleness", 1.0)))
+            self.proxy_delta = None
         return theta
 
     def state(self) -> dict[str, np.ndarray]:
@@ -238,6 +249,12 @@ class BHFLServer(ServerRule):
 
 
 SERVER = BHFLServer
+
+
+def add_stale(theta: NDArrays, delta: NDArrays, factor: float) -> NDArrays:
+    """``theta + factor x delta``: an update computed beside the children's round (proxy_async),
+    merged after theirs with its staleness factor."""
+    return [np.asarray(t + factor * d, dtype=np.asarray(t).dtype) for t, d in zip(theta, delta, strict=True)]
 
 
 class ProxyTrainer:

@@ -93,3 +93,21 @@ def test_background_training_needs_the_clock():
         check_tree(cfg, federation_for(cfg).tree)
 
 
+
+
+def test_asynchronous_proxy_training_adds_its_update_after_the_merge_times_the_factor(tmp_path):
+    from strategies.bhfl import add_stale
+
+    out = add_stale([np.array([1.0, 2.0], dtype=np.float32)], [np.array([0.5, -1.0], dtype=np.float32)], 0.5)
+    np.testing.assert_allclose(out[0], [1.25, 1.5]) and out[0].dtype == np.float32
+    proxy = ["algorithm=bhfl", "topology=tree", "topology.fanout=[2,3]", "dataset.proxy_fraction=0.2",
+             "algorithm.proxy_samples=[40,20]", "dataset.max_samples=200", "dataset.batch_size=32",
+             "global_rounds=2", "algorithm.team_rounds=1", "runtime=inprocess", "runtime.torch_threads=1"]
+    run(compose_cfg(*proxy), tmp_path / "sync")
+    run(compose_cfg(*proxy, "algorithm.proxy_async=true", "algorithm.proxy_staleness=0"), tmp_path / "zero")
+    run(compose_cfg(*proxy, "algorithm.proxy_samples=null"), tmp_path / "none")
+    run(compose_cfg(*proxy, "algorithm.proxy_async=true"), tmp_path / "async")
+    model = {name: np.load(tmp_path / name / "checkpoints" / "global_model.npz")["arr_0"]
+             for name in ("sync", "zero", "none", "async")}
+    np.testing.assert_array_equal(model["zero"], model["none"])  # factor 0: as if no proxy training
+    assert not np.array_equal(model["async"], model["sync"]) and not np.array_equal(model["async"], model["none"])

@@ -238,6 +238,8 @@ class BHFLConfig(HierFAVGConfig):
     proxy_samples: Optional[List[int]] = MISSING  # per level 0..D-1
     proxy_steps: int = MISSING
     proxy_lr: float = MISSING
+    proxy_async: bool = MISSING  # proxy training beside the children's round, merged late
+    proxy_staleness: float = MISSING  # its update's factor at the merge
     background_every: float = MISSING  # simulated seconds between a persistent device's own sessions; 0 = off
     background_max: int = MISSING
 
