@@ -122,6 +122,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data", type=Path)
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--sample-seed", type=int, help="the cohorts' seed (default: the workload's); the spread "
+                        "of final accuracies over seeds is the noise of comparing frameworks that draw apart")
     args = parser.parse_args()
     if args.rounds < 3:
         raise SystemExit("--rounds: at least 3 (one warm-up, one timed, the evaluated last)")
@@ -145,7 +147,8 @@ def main() -> None:
         x, y = fed.device(user)
         return DeviceDataset(x, y, user, steps, common.device_generator(seed, user, rounds_made[user]))
 
-    training = FederatedDataset(make_dataset, CohortSampler(fed.devices, seed))
+    training = FederatedDataset(make_dataset, CohortSampler(fed.devices, seed if args.sample_seed is None
+                                                            else args.sample_seed))
     x_test, y_test = fed.union("test")
     clock = RoundClock()
     callbacks = [CentralEvaluationCallback(PyTorchTensorDataset((x_test, y_test)),
