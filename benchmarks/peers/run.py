@@ -219,20 +219,35 @@ def run_peer(name: str, python: Path, data: Path, rounds: int, work: Path) -> Re
 
 
 # ---------------------------------------------------------------- the table
-def table(results: list[Result], rounds: int) -> str:
-    ray = next((r for r in results if r.framework == "hfl-ray"), None)
-    inproc = next((r for r in results if r.framework == "hfl-inprocess"), None)
-    rows = [f"{'framework':<44} {'s/round':>8} {'vs hfl Ray':>10} {'vs hfl in-proc':>14} {'peak GiB':>9} "
-            f"{'accuracy':>9} {'wall s':>7} {'load':>5}"]
-    for r in results:
-        s = r.seconds_per_round
-        vs_ray = f"{s / ray.seconds_per_round:9.2f}x" if ray else f"{'-':>10}"
-        vs_in = f"{s / inproc.seconds_per_round:13.2f}x" if inproc else f"{'-':>14}"
-        rows.append(f"{LABELS[r.framework]:<44} {s:8.3f} {vs_ray} {vs_in} {r.peak_gib:9.2f} "
-                    f"{100 * r.accuracy:8.2f}% {r.wall_seconds:7.1f} {r.load:5.1f}")
-    rows.append(f"s/round: median of rounds 2..{rounds - 1} of {rounds}; peak GiB: resident memory summed over each "
-                "run's processes; accuracy: the global model on all devices' test data after the last round; "
-                "load: 1-min load average at the run's start")
+def ratio(runs: dict[str, list[Result]], name: str, reference: str) -> str:
+    """The median over repeats of ``name``'s seconds per round over ``reference``'s in the same
+    repeat (runs next to each other in time share the machine's other load best)."""
+    if reference not in runs or name not in runs:
+        return "-"
+    return f"{statistics.median(a.seconds_per_round / b.seconds_per_round for a, b in zip(runs[name], runs[reference])):.2f}x"
+
+
+def table(runs: dict[str, list[Result]], rounds: int) -> str:
+    repeats = len(next(iter(runs.values())))
+    rows = [f"{'framework':<42} {'s/round':>8} {'range' if repeats > 1 else '':>13} {'vs hfl Ray':>10} "
+            f"{'vs hfl in-proc':>14} {'peak GiB':>9} {'accuracy':>9} {'load':>9}"]
+    for name, results in runs.items():
+        seconds = [r.seconds_per_round for r in results]
+        spread = f"{min(seconds):.3f}-{max(seconds):.3f}" if repeats > 1 else ""
+        loads = [r.load for r in results]
+        load = f"{min(loads):.1f}-{max(loads):.1f}" if repeats > 1 else f"{loads[0]:.1f}"
+        rows.append(f"{LABELS[name]:<42} {statistics.median(seconds):8.3f} {spread:>13} "
+                    f"{ratio(runs, name, 'hfl-ray'):>10} {ratio(runs, name, 'hfl-inprocess'):>14} "
+                    f"{max(r.peak_gib for r in results):9.2f} "
+                    f"{100 * statistics.median(r.accuracy for r in results):8.2f}% {load:>9}")
+    rows.append(f"s/round: median of rounds 2..{rounds - 1} of {rounds}"
+                + (f", then the median of {repeats} repeats (range: theirs)" if repeats > 1 else "")
+                + "; vs: the ratio of seconds per round"
+                + (", the median of the repeats' ratios" if repeats > 1 else "")
+                + "; peak GiB: resident memory summed over each run's processes"
+                + (" (the largest)" if repeats > 1 else "")
+                + "; accuracy: the global model on all devices' test data after the last round"
+                + "; load: the 1-minute load average as each run started (other work on the machine)")
     return "\n".join(rows)
 
 
@@ -243,14 +258,17 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(FRAMEWORKS), help=f"comma-separated subset of {','.join(FRAMEWORKS)}")
     parser.add_argument("--cache", type=Path, default=Path(os.environ.get("HFL_PEERS_CACHE", "~/.cache/hfl-peers")),
                         help="the peers' virtual environments, the exported data and the runs' logs")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run every framework this many times, in turn (medians; ratios within a repeat)")
     parser.add_argument("--json", type=Path, help="also write every run's rounds and figures here")
     args = parser.parse_args()
     ensure_hfl_interpreter()
     ensure_psutil()
     chosen = [f.strip() for f in args.only.split(",") if f.strip()]
     unknown = set(chosen) - set(FRAMEWORKS)
-    if unknown or args.rounds < 3:
-        parser.error(f"unknown frameworks {sorted(unknown)}" if unknown else "--rounds must be at least 3")
+    if unknown or args.rounds < 3 or args.repeats < 1:
+        parser.error(f"unknown frameworks {sorted(unknown)}" if unknown
+                     else "--rounds must be at least 3 and --repeats at least 1")
     cache = args.cache.expanduser().resolve()
     cache.mkdir(parents=True, exist_ok=True)
     requirements = peer_requirements()
@@ -265,21 +283,26 @@ def main() -> None:
     print(f"exported {sizes['devices']} devices ({sizes['train_samples']} train / {sizes['test_samples']} test "
           f"samples) to {data}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="runs-", dir=cache))
-    results = []
-    for name in chosen:
-        print(f"running {LABELS[name]}, {args.rounds} rounds ...", flush=True)
-        if name.startswith("hfl-"):
-            result = run_hfl("simulation" if name == "hfl-ray" else "inprocess", args.rounds, work)
-        else:
-            result = run_peer(name, pythons[name], data, args.rounds, work)
-        print(f"  {result.seconds_per_round:.3f} s/round, {result.peak_gib:.2f} GiB, "
-              f"{100 * result.accuracy:.2f} %", flush=True)
-        results.append(result)
-    print(f"\n{workload.DEVICES} Synthetic devices, {workload.PER_ROUND} per round, {workload.LOCAL_STEPS} SGD steps at "
-          f"batch {workload.BATCH_SIZE}, MCLR, FedAvg, {args.rounds} rounds; logs in {work}")
-    print(table(results, args.rounds))
+    runs: dict[str, list[Result]] = {name: [] for name in chosen}
+    for repeat in range(args.repeats):
+        for name in chosen:
+            print(f"running {LABELS[name]}, {args.rounds} rounds"
+                  + (f" (repeat {repeat + 1}/{args.repeats})" if args.repeats > 1 else "") + " ...", flush=True)
+            out = work / f"repeat-{repeat + 1}"
+            out.mkdir(exist_ok=True)
+            if name.startswith("hfl-"):
+                result = run_hfl("simulation" if name == "hfl-ray" else "inprocess", args.rounds, out)
+            else:
+                result = run_peer(name, pythons[name], data, args.rounds, out)
+            print(f"  {result.seconds_per_round:.3f} s/round, {result.peak_gib:.2f} GiB, "
+                  f"{100 * result.accuracy:.2f} %, load {result.load:.1f}", flush=True)
+            runs[name].append(result)
+    print(f"\n{workload.DEVICES} Synthetic devices, {workload.PER_ROUND} per round, {workload.LOCAL_STEPS} SGD steps "
+          f"at batch {workload.BATCH_SIZE}, MCLR, FedAvg, {args.rounds} rounds; logs in {work}")
+    print(table(runs, args.rounds))
     if args.json:
-        args.json.write_text(json.dumps([r.__dict__ for r in results], indent=1) + "\n")
+        args.json.write_text(json.dumps({name: [r.__dict__ for r in results] for name, results in runs.items()},
+                                        indent=1) + "\n")
 
 
 if __name__ == "__main__":
