@@ -9,6 +9,8 @@ from strategies.fedavg import FedAvgServer
 
 
 class KeepServer(FedAvgServer):
+    merges_replies = False  # nothing is merged: a policy other than sync has nothing to act on
+
     def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:
         return model
 
