@@ -168,6 +168,12 @@ def main() -> None:
         callbacks=callbacks,
     )
     total = time.perf_counter() - start
+    if torch.distributed.is_initialized():
+        # Leave together and close gloo's group: a worker that exits with it open may abort in
+        # the group's destructor (seen once: SIGABRT after its last round), and torchrun then
+        # fails the whole run.
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     if int(os.environ.get("RANK", "0")) != 0:
         return  # torchrun: rank 0 reports (every rank holds the same model and metrics)
     if clock.accuracy is None or len(clock.clock) != args.rounds + 1:

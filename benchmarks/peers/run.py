@@ -84,7 +84,7 @@ def ensure_psutil() -> None:
         import psutil  # noqa: F401
     except ImportError:  # `make run` installs hfl without the dev extra that brings it
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *(pins(["psutil"]) or ["psutil"])],
-                       check=True)
+                       check=True, stdout=subprocess.DEVNULL)
 
 
 def peer_requirements() -> dict[str, list[str]]:
