@@ -122,6 +122,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data", type=Path)
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--pfl-datasets", action="store_true",
+                        help="pfl's own user datasets instead (in order, unshuffled, and local_num_steps stops at "
+                        "the end of one epoch: fewer steps on devices under 200 samples; not the workload)")
     parser.add_argument("--sample-seed", type=int, help="the cohorts' seed (default: the workload's); the spread "
                         "of final accuracies over seeds is the noise of comparing frameworks that draw apart")
     args = parser.parse_args()
@@ -142,9 +145,11 @@ def main() -> None:
 
     rounds_made: dict[int, int] = {}  # user -> times drawn: each draw shuffles anew
 
-    def make_dataset(user: int) -> DeviceDataset:
+    def make_dataset(user: int) -> PyTorchTensorDataset:
         rounds_made[user] = rounds_made.get(user, 0) + 1
         x, y = fed.device(user)
+        if args.pfl_datasets:
+            return PyTorchTensorDataset((x, y), user_id=str(user))
         return DeviceDataset(x, y, user, steps, common.device_generator(seed, user, rounds_made[user]))
 
     training = FederatedDataset(make_dataset, CohortSampler(fed.devices, seed if args.sample_seed is None
