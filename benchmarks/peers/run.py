@@ -23,17 +23,21 @@ What it does, one step after another (never two runs at once):
    resident memory of that child and all its descendants (Ray's GCS, raylet and actors
    included) every 0.1 s.
 
-Seconds per round: the median over rounds 2..T-1 (round 1 holds start-up and warm-up, round T the
-evaluation); ratios are each framework's seconds per round over hfl's. The 1-minute load
-average at each run's start is printed: the machine may be shared, and its other work shows
-in the seconds.
+Seconds per round: from the end of one round to the end of the next, in every framework (hfl's
+log lines, Flower's ``evaluate_fn`` calls, pfl's callbacks), the median over rounds 2..T-1 (round
+1 holds start-up and warm-up, round T the evaluation); ratios are each framework's seconds per
+round over hfl's. The 1-minute load average at each run's start is printed: the machine may be
+shared, and its other work shows in the seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -54,6 +58,7 @@ FRAMEWORKS = ("hfl-ray", "hfl-inprocess", "flower", "pfl", "pfl-1")
 LABELS = {"hfl-ray": "hfl, Ray simulation (default)", "hfl-inprocess": "hfl, in process",
           "flower": "Flower simulation (NumPyClient per device)",
           "pfl": f"pfl-research {PFL_VERSION}, 2 workers (torchrun)", "pfl-1": f"pfl-research {PFL_VERSION}, 1 process"}
+KEEP_RUNS = 3  # the cache keeps the logs and hfl outputs of this many invocations (the newest)
 PFL_WORKERS = 2  # one per core, as hfl's two team actors and Flower's two actors
 RESULT_PREFIX = "PEER_RESULT "  # peers_common.RESULT_PREFIX (it imports torch, which this driver does not need)
 
@@ -191,17 +196,37 @@ def run_child(command: list[str], log: Path, env: dict[str, str] | None = None) 
     return stdout, peak, time.perf_counter() - start, load
 
 
-def run_hfl(runtime: str, rounds: int, work: Path) -> Result:
+ROUND_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[hfl\]\[INFO\] - round (\d+)/(\d+)\b")
+
+
+def hfl_round_seconds(run_dir: Path, rounds: int) -> list[float]:
+    """Each global round's seconds, measured as the peers' are: from the end of one round to the
+    end of the next (hfl logs a line as each round ends; its own ``round_seconds`` start at the
+    round's first message and leave out what follows the round's end: the checkpoint, Flower's
+    loop). Round 1, which has no round before it, keeps hfl's own figure."""
     from hfl.state.resume import read_checkpoint
 
+    ends: dict[int, float] = {}
+    for line in (run_dir / "simulate.log").read_text().splitlines():
+        match = ROUND_LINE.match(line)
+        if match and int(match.group(3)) == rounds:
+            stamp = datetime.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
+            ends[int(match.group(2))] = stamp.timestamp()
+    if sorted(ends) != list(range(1, rounds + 1)):
+        sys.exit(f"{run_dir / 'simulate.log'}: round lines for {sorted(ends)}, not 1..{rounds}")
+    first = read_checkpoint(run_dir).recorder["round_seconds"][0]
+    return [first, *(ends[r] - ends[r - 1] for r in range(2, rounds + 1))]
+
+
+def run_hfl(runtime: str, rounds: int, work: Path) -> Result:
     run_dir = work / f"hfl-{runtime}"
     command = [str(REPO / ".venv" / "bin" / "hfl-simulate"), *workload.hfl_overrides(rounds), f"runtime={runtime}",
                f"hydra.run.dir={run_dir}", "overwrite=true"]
     _, peak, wall, load = run_child(command, work / f"hfl-{runtime}.log")
     summary = json.loads((run_dir / "summary.json").read_text())
-    seconds = list(read_checkpoint(run_dir).recorder["round_seconds"])
-    return Result(f"hfl-{'ray' if runtime == 'simulation' else runtime}", seconds, summary["final"]["gm_accuracy"],
-                  peak, wall, load)
+    return Result(f"hfl-{'ray' if runtime == 'simulation' else runtime}", hfl_round_seconds(run_dir, rounds),
+                  summary["final"]["gm_accuracy"], peak, wall, load,
+                  {"hfl_round_seconds": summary.get("seconds_per_round")})
 
 
 def run_peer(name: str, python: Path, data: Path, rounds: int, work: Path) -> Result:
@@ -283,6 +308,8 @@ def main() -> None:
     print(f"exported {sizes['devices']} devices ({sizes['train_samples']} train / {sizes['test_samples']} test "
           f"samples) to {data}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="runs-", dir=cache))
+    for old in sorted(cache.glob("runs-*"), key=lambda p: p.stat().st_mtime)[:-KEEP_RUNS]:
+        shutil.rmtree(old, ignore_errors=True)  # each run's hfl outputs and logs: tens of MB
     runs: dict[str, list[Result]] = {name: [] for name in chosen}
     for repeat in range(args.repeats):
         for name in chosen:
