@@ -144,7 +144,12 @@ class PerFedAvgClient(DeviceClient):
                 dev.personal = [*params, dev.personal[-1]]
             return params
         if dev.personal is None:
-            raise RuntimeError(f"device {dev.device_id} has no global model to adapt yet")
+            if not (config.get("fallback") and len(parameters) and "alpha" in config):
+                raise RuntimeError(f"device {dev.device_id} has no global model to adapt yet")
+            # never trained yet (partial participation, faults): the model its first call would start from
+            w, alpha = to_tensors(parameters), float(config["alpha"])
+            _, grad = dev.trainer.loss_and_grad(w, dev.x_train, dev.y_train)
+            return sgd_step(w, grad, alpha)
         *w, alpha = dev.personal
         _, grad = dev.trainer.loss_and_grad(w, dev.x_train, dev.y_train)
         return sgd_step(w, grad, float(alpha))

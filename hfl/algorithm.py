@@ -142,8 +142,14 @@ class ServerRule:
     def device_evaluation_config(cls, alg: Mapping[str, Any], depth: int) -> dict[str, Scalar]:
         """Config the lowest servers add when their devices test their own model (PM): what a
         device that changes its model when asked needs (B-HFL's own training sessions, with the
-        clock); none by default. When not empty, the node saves its devices after evaluating."""
+        clock; Per-FedAvg's adaptation step for a device never trained); none by default."""
         return {}
+
+    @classmethod
+    def devices_change_when_tested(cls, alg: Mapping[str, Any]) -> bool:
+        """Whether testing a device's own model changes its state (B-HFL's sessions caught up):
+        then the lowest servers save their devices after evaluating."""
+        return False
 
     @classmethod
     def evaluation_context(cls, state: Mapping[str, np.ndarray] | None) -> dict[str, NDArrays]:

@@ -183,6 +183,10 @@ class BHFLServer(ServerRule):
         config = device_config(alg, depth)  # its sessions' steps and rate
         return {k: config[k] for k in ("alpha", "local_steps", "background_every", "background_max")}
 
+    @classmethod
+    def devices_change_when_tested(cls, alg: Mapping[str, Any]) -> bool:
+        return bool(cls.device_evaluation_config(alg, 1))
+
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         alg, self.level, self.depth = ctx.alg, ctx.level, ctx.depth

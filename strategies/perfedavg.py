@@ -7,5 +7,10 @@ from strategies.fedavg import FedAvgServer
 class PerFedAvgServer(FedAvgServer):
     keys = ("beta", "variant", "delta")
 
+    @classmethod
+    def device_evaluation_config(cls, alg, depth):  # noqa: ANN001, ANN206 - ServerRule's signature
+        # A device never trained yet (sampled out, dropped) adapts the model it would start from with alpha.
+        return {"alpha": alg["alpha"]}
+
 
 SERVER = PerFedAvgServer

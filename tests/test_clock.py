@@ -248,3 +248,27 @@ def test_every_algorithm_that_merges_replies_runs_buffered(algorithm, tmp_path):
     lines = rows(tmp_path)
     assert len(lines) == 3 and sum(r.get("stale_level2", 0) for r in lines) > 0
     assert all(np.isfinite(a).all() for a in final_model(tmp_path))
+
+
+def test_a_node_with_no_device_online_waits_for_the_next_period():
+    from types import SimpleNamespace
+
+    from hfl.clock.timer import NodeTimer
+
+    ids = list(range(4))
+    seed = next(s for s in range(1000) if not Clock(seed=s, online=0.2, period=10.0).online_at(ids, 0.0).any())
+    clock = Clock(seed=seed, online=0.2, period=10.0)
+    first = next(p for p in range(1, 1000) if clock.online_at(ids, p * 10.0).any())
+    timer = NodeTimer(clock, LevelPolicy(), level=1, lowest=True, start=3.0, path="0", seed=seed)
+    children = [SimpleNamespace(cid=f"{d:06d}") for d in ids]
+    asked = timer.pick(children, 1.0, "1.1")
+    assert timer.time == first * 10.0
+    assert [c.cid for c in asked] == [f"{d:06d}" for d in ids if clock.online_at([d], first * 10.0)[0]]
+
+
+def test_per_fedavg_tests_a_device_never_trained_on_the_model_it_would_start_from(tmp_path):
+    """A dropped device has no model of its own yet: its PM adapts its server's model (it used to fail the run)."""
+    run(compose_cfg("algorithm=perfedavg", "topology=tree", "topology.fanout=[2,4]", "dataset.max_samples=120",
+                    "runtime=inprocess", "runtime.torch_threads=1", "global_rounds=1", "runtime.dropout=0.5",
+                    "algorithm.min_fit_fraction=0.5"), tmp_path)
+    assert rows(tmp_path)[0]["pm_accuracy"] > 0

@@ -27,6 +27,7 @@ from hfl.tree.sampling import sample_size
 
 SIM_TIME = "sim_time"  # config entry (when the parent sent) and reply metric (when it reaches the parent)
 PREFIX = "clock_"  # a node's stored clock entries
+MAX_WAIT_PERIODS = 1000  # availability periods a node waits for one of its devices to come online
 
 
 @dataclass
@@ -72,6 +73,14 @@ class NodeTimer:
         asked; buffered keeps ``concurrency`` (default that number) busy. Seeded like
         hfl.tree.sampling.sample_children, and the same sample where every child can be asked."""
         index = self.candidates(children)
+        waited = 0
+        while not index and not self.inflight and self.lowest and self.clock.online < 1 and len(children):
+            # none of its devices is online: the node waits for the next period's draw
+            if waited == MAX_WAIT_PERIODS:
+                raise RuntimeError(f"node {self.path}: none of its {len(children)} devices came online in "
+                                   f"{MAX_WAIT_PERIODS} periods of clock.availability")
+            self.time = (self.time // self.clock.period + 1) * self.clock.period
+            index, waited = self.candidates(children), waited + 1
         wanted = self.policy.concurrency or sample_size(len(children), fraction)
         k = min(len(index), wanted - len(self.inflight) if self.policy.kind == "buffered" else wanted)
         if k <= 0:

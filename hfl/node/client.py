@@ -130,6 +130,7 @@ class NodeClient(NumPyClient):
         steps_of: Callable[[int], int] | None = None,
         at_time: Callable[[float], None] | None = None,
         device_evaluation_config: dict[str, Scalar] | None = None,
+        persist_after_evaluation: bool = False,
     ) -> None:
         self.spec = spec
         self.children = children
@@ -150,6 +151,7 @@ class NodeClient(NumPyClient):
         self.evaluate_targets = evaluate_targets
         self.steps_of = steps_of  # a device's minibatch steps per call: its work in simulated time (hfl.clock)
         self.device_evaluation_config = device_evaluation_config or {}  # ServerRule.device_evaluation_config
+        self.persist_after_evaluation = persist_after_evaluation  # ServerRule.devices_change_when_tested
         self.at_time = at_time  # tells a lowest node's devices the simulated time (their data may drift: hfl.clock.shift)
 
     def _asked_children(self, children: list, config: dict[str, Scalar], round_path: str, server_round: int) -> list:
@@ -285,7 +287,7 @@ class NodeClient(NumPyClient):
         if self.spec.lowest:
             timing = {SIM_TIME: config[SIM_TIME]} if SIM_TIME in config else {}
             reports = [self._evaluate_devices(children, models, metrics, state, timing)]
-            if self.device_evaluation_config:  # its devices may have changed when tested (B-HFL's sessions)
+            if self.persist_after_evaluation:  # its devices changed when tested (B-HFL's sessions)
                 self.persist()
         else:
             reports = self._evaluate_nodes(children, models, metrics, config)

@@ -388,7 +388,8 @@ def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | Simp
                       min_fit_fraction=float(alg.get("min_fit_fraction", 1.0)), evaluate_targets=evaluate_targets,
                       steps_of=device_steps(cfg, fed) if clock is not None and tree.is_lowest(path) else None,
                       device_evaluation_config=server.device_evaluation_config(alg, tree.depth)
-                      if clock is not None and tree.is_lowest(path) else None)
+                      if tree.is_lowest(path) else None,
+                      persist_after_evaluation=tree.is_lowest(path) and server.devices_change_when_tested(alg))
 
 
 def device_steps(cfg: Mapping, fed: Federation) -> Callable[[int], int]:
