@@ -26,8 +26,8 @@ What it does, one step after another (never two runs at once):
 Seconds per round: from the end of one round to the end of the next, in every framework (hfl's
 log lines, Flower's ``evaluate_fn`` calls, pfl's callbacks), the median over rounds 2..T-1 (round
 1 holds start-up and warm-up, round T the evaluation); ratios are each framework's seconds per
-round over hfl's. The 1-minute load average at each run's start is printed: the machine may be
-shared, and its other work shows in the seconds.
+round over hfl's. The machine may be shared, and its other work shows in the seconds: each
+row also gives the cores other processes kept busy while that run went on.
 """
 
 from __future__ import annotations
@@ -124,15 +124,28 @@ def ensure_venv(cache: Path, name: str, requirements: list[str]) -> Path:
 
 
 # ---------------------------------------------------------------- measuring a child
-class TreeMemory:
-    """The largest sum of resident memory over a process and all its descendants, sampled in a
-    thread while it runs (shared pages count once per process, as RSS counts them)."""
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy since boot (all cores)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+
+
+class TreeMonitor:
+    """Samples a process and all its descendants in a thread while it runs: the largest sum of
+    their resident memory (shared pages count once per process, as RSS counts them), and the CPU
+    seconds each used, so that what the rest of the machine used meanwhile is known: the cores
+    the run shared with other work."""
 
     def __init__(self, pid: int, interval: float = 0.1) -> None:
         import psutil
 
         self.root = psutil.Process(pid)
+        self.me = psutil.Process()
         self.interval, self.peak = interval, 0
+        self.cpu: dict[int, float] = {}  # pid -> user + system seconds, the last seen
+        self._start = (time.perf_counter(), busy_seconds(), sum(self.me.cpu_times()[:2]))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
@@ -147,7 +160,10 @@ class TreeMemory:
         total = 0
         for proc in procs:
             try:
-                total += proc.memory_info().rss
+                with proc.oneshot():
+                    total += proc.memory_info().rss
+                    times = proc.cpu_times()
+                    self.cpu[proc.pid] = times.user + times.system
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue  # ended between listing and reading
         return total
@@ -157,10 +173,16 @@ class TreeMemory:
             self.peak = max(self.peak, self._sample())
             self._stop.wait(self.interval)
 
-    def stop(self) -> float:
+    def stop(self) -> tuple[float, float]:
+        """Peak GiB, and the cores other processes kept busy on average while the run went on
+        (the machine's busy CPU seconds less the run's and this driver's, over the wall time;
+        a run's process that lived less than a sampling interval counts as other work)."""
         self._stop.set()
         self._thread.join()
-        return self.peak / 2**30
+        wall, busy, mine = (b - a for a, b in zip(self._start, (time.perf_counter(), busy_seconds(),
+                                                               sum(self.me.cpu_times()[:2]))))
+        others = max(busy - sum(self.cpu.values()) - mine, 0.0) / wall
+        return self.peak / 2**30, others
 
 
 @dataclass
@@ -170,7 +192,7 @@ class Result:
     accuracy: float
     peak_gib: float
     wall_seconds: float
-    load: float
+    others: float  # cores other work kept busy meanwhile (TreeMonitor)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -181,19 +203,18 @@ class Result:
 
 def run_child(command: list[str], log: Path, env: dict[str, str] | None = None) -> tuple[str, float, float, float]:
     """Run ``command`` (output to ``log``), measuring its process tree; its stdout, peak GiB,
-    seconds and the load average when it started."""
-    load = os.getloadavg()[0]
+    seconds, and the cores other work kept busy meanwhile."""
     start = time.perf_counter()
     with log.open("w") as out:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=out, text=True, cwd=REPO,
                                 env={**os.environ, **(env or {})})
-        memory = TreeMemory(proc.pid)
+        monitor = TreeMonitor(proc.pid)
         stdout, _ = proc.communicate()
-        peak = memory.stop()
+        peak, others = monitor.stop()
         out.write(stdout)
     if proc.returncode != 0:
         sys.exit(f"{' '.join(command[:3])} ... failed (exit {proc.returncode}); its output: {log}")
-    return stdout, peak, time.perf_counter() - start, load
+    return stdout, peak, time.perf_counter() - start, others
 
 
 ROUND_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[hfl\]\[INFO\] - round (\d+)/(\d+)\b")
@@ -222,10 +243,10 @@ def run_hfl(runtime: str, rounds: int, work: Path) -> Result:
     run_dir = work / f"hfl-{runtime}"
     command = [str(REPO / ".venv" / "bin" / "hfl-simulate"), *workload.hfl_overrides(rounds), f"runtime={runtime}",
                f"hydra.run.dir={run_dir}", "overwrite=true"]
-    _, peak, wall, load = run_child(command, work / f"hfl-{runtime}.log")
+    _, peak, wall, others = run_child(command, work / f"hfl-{runtime}.log")
     summary = json.loads((run_dir / "summary.json").read_text())
     return Result(f"hfl-{'ray' if runtime == 'simulation' else runtime}", hfl_round_seconds(run_dir, rounds),
-                  summary["final"]["gm_accuracy"], peak, wall, load,
+                  summary["final"]["gm_accuracy"], peak, wall, others,
                   {"hfl_round_seconds": summary.get("seconds_per_round")})
 
 
@@ -234,13 +255,13 @@ def run_peer(name: str, python: Path, data: Path, rounds: int, work: Path) -> Re
     # pfl's multi-worker simulation is launched by torchrun (pfl reads its environment).
     launcher = (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={PFL_WORKERS}"]
                 if name == "pfl" else [])
-    stdout, peak, wall, load = run_child([str(python), *launcher, str(script), str(data), "--rounds", str(rounds)],
+    stdout, peak, wall, others = run_child([str(python), *launcher, str(script), str(data), "--rounds", str(rounds)],
                                          work / f"{name}.log")
     lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if not lines:
         sys.exit(f"{name} printed no result; its output: {work / f'{name}.log'}")
     result = json.loads(lines[-1][len(RESULT_PREFIX):])
-    return Result(name, result["round_seconds"], result["accuracy"], peak, wall, load)
+    return Result(name, result["round_seconds"], result["accuracy"], peak, wall, others)
 
 
 # ---------------------------------------------------------------- the table
@@ -255,16 +276,16 @@ def ratio(runs: dict[str, list[Result]], name: str, reference: str) -> str:
 def table(runs: dict[str, list[Result]], rounds: int) -> str:
     repeats = len(next(iter(runs.values())))
     rows = [f"{'framework':<42} {'s/round':>8} {'range' if repeats > 1 else '':>13} {'vs hfl Ray':>10} "
-            f"{'vs hfl in-proc':>14} {'peak GiB':>9} {'accuracy':>9} {'load':>9}"]
+            f"{'vs hfl in-proc':>14} {'peak GiB':>9} {'accuracy':>9} {'others':>9}"]
     for name, results in runs.items():
         seconds = [r.seconds_per_round for r in results]
         spread = f"{min(seconds):.3f}-{max(seconds):.3f}" if repeats > 1 else ""
-        loads = [r.load for r in results]
-        load = f"{min(loads):.1f}-{max(loads):.1f}" if repeats > 1 else f"{loads[0]:.1f}"
+        busy = [r.others for r in results]
+        other = f"{min(busy):.2f}-{max(busy):.2f}" if repeats > 1 else f"{busy[0]:.2f}"
         rows.append(f"{LABELS[name]:<42} {statistics.median(seconds):8.3f} {spread:>13} "
                     f"{ratio(runs, name, 'hfl-ray'):>10} {ratio(runs, name, 'hfl-inprocess'):>14} "
                     f"{max(r.peak_gib for r in results):9.2f} "
-                    f"{100 * statistics.median(r.accuracy for r in results):8.2f}% {load:>9}")
+                    f"{100 * statistics.median(r.accuracy for r in results):8.2f}% {other:>9}")
     rows.append(f"s/round: median of rounds 2..{rounds - 1} of {rounds}"
                 + (f", then the median of {repeats} repeats (range: theirs)" if repeats > 1 else "")
                 + "; vs: the ratio of seconds per round"
@@ -272,7 +293,8 @@ def table(runs: dict[str, list[Result]], rounds: int) -> str:
                 + "; peak GiB: resident memory summed over each run's processes"
                 + (" (the largest)" if repeats > 1 else "")
                 + "; accuracy: the global model on all devices' test data after the last round"
-                + "; load: the 1-minute load average as each run started (other work on the machine)")
+                + "; others: the cores other processes kept busy during the run (of 2 here; the"
+                + " seconds grow with it)")
     return "\n".join(rows)
 
 
@@ -322,7 +344,7 @@ def main() -> None:
             else:
                 result = run_peer(name, pythons[name], data, args.rounds, out)
             print(f"  {result.seconds_per_round:.3f} s/round, {result.peak_gib:.2f} GiB, "
-                  f"{100 * result.accuracy:.2f} %, load {result.load:.1f}", flush=True)
+                  f"{100 * result.accuracy:.2f} %, other work {result.others:.2f} cores", flush=True)
             runs[name].append(result)
     print(f"\n{workload.DEVICES} Synthetic devices, {workload.PER_ROUND} per round, {workload.LOCAL_STEPS} SGD steps "
           f"at batch {workload.BATCH_SIZE}, MCLR, FedAvg, {args.rounds} rounds; logs in {work}")
