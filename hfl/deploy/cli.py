@@ -36,7 +36,8 @@ from hfl.errors import ConfigError
 def supervise(commands: list[list[str]]) -> int:
     """Run the role's processes; when one ends (or on SIGTERM/SIGINT) stop the others."""
     env = roles.process_env()
-    procs = [subprocess.Popen([roles.executable(c[0]), *c[1:]], env=env) for c in commands]
+    procs = [subprocess.Popen([roles.executable(c[0]), *c[1:]], env=env, preexec_fn=roles.default_signals)
+             for c in commands]
 
     def stop(*_: object) -> None:
         for proc in procs:

@@ -42,7 +42,8 @@ def simulate(overrides: list[str], output_dir: Path, app_dir: Path, timeout: flo
         with (work / "superlink.log").open("ab") as out:
             superlink = subprocess.Popen([roles.executable(command[0]), *command[1:]], stdout=out,
                                          stderr=subprocess.STDOUT, cwd=work,
-                                         env=roles.process_env(FLWR_HOME=str(home)), start_new_session=True)
+                                         env=roles.process_env(FLWR_HOME=str(home)), start_new_session=True,
+                                         preexec_fn=roles.default_signals)
         try:
             wait_port(port, timeout=60)
             link = ControlClient(f"127.0.0.1:{port}", "", home, app_dir)

@@ -94,7 +94,8 @@ class Deployment:
         host = self.host_of(name)
         prefix = self.hosts.prefix(host) if self.hosts is not None and host is not None else []
         self.procs[name] = subprocess.Popen([*prefix, roles.executable(command[0]), *command[1:]], stdout=log,
-                                            stderr=subprocess.STDOUT, cwd=self.root, env=env, start_new_session=True)
+                                            stderr=subprocess.STDOUT, cwd=self.root, env=env, start_new_session=True,
+                                            preexec_fn=roles.default_signals)
 
     @property
     def global_address(self) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,15 @@ def process_env(**extra: str) -> dict[str, str]:
     environment says otherwise."""
     return {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25", **os.environ,
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **extra}
+
+
+def default_signals() -> None:
+    """``preexec_fn`` of every Flower process hfl starts: SIGINT and SIGQUIT back to their default.
+    A shell starts background jobs with them ignored, and an ignored disposition outlives exec: a
+    ServerApp or ClientApp would then never hear the SIGINT Flower's parent monitor sends it when
+    its SuperLink or SuperNode is gone, and would linger (seen after a backgrounded test run)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 @dataclass(frozen=True)
