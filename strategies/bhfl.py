@@ -232,8 +232,8 @@ class BHFLServer(ServerRule):
             self.residuals_out = [replies.models[i] for i in largest_updates(model, replies.models, k)]
         theta, self.up_state = merge_up(self.alg, self.level, model, replies.models, replies.weights,
                                         residual_parts(replies.updates), self.up_state)
-        if self.proxy_delta is not None:
-            theta = add_stale(theta, self.proxy_delta, float(self.alg.get("proxy_staleness", 1.0)))
+        if self.proxy_delta is not None:  # theta + proxy_staleness x the proxy training's update
+            theta = sgd_step(theta, self.proxy_delta, -float(self.alg.get("proxy_staleness", 1.0)))
             self.proxy_delta = None
         return theta
 
@@ -253,12 +253,6 @@ class BHFLServer(ServerRule):
 
 
 SERVER = BHFLServer
-
-
-def add_stale(theta: NDArrays, delta: NDArrays, factor: float) -> NDArrays:
-    """``theta + factor x delta``: an update computed beside the children's round (proxy_async),
-    merged after theirs with its staleness factor."""
-    return [np.asarray(t + factor * d, dtype=np.asarray(t).dtype) for t, d in zip(theta, delta, strict=True)]
 
 
 class ProxyTrainer:

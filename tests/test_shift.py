@@ -96,10 +96,12 @@ def test_background_training_needs_the_clock():
 
 
 def test_asynchronous_proxy_training_adds_its_update_after_the_merge_times_the_factor(tmp_path):
-    from strategies.bhfl import add_stale
+    from hfl.rules.steps import sgd_step
 
-    out = add_stale([np.array([1.0, 2.0], dtype=np.float32)], [np.array([0.5, -1.0], dtype=np.float32)], 0.5)
-    np.testing.assert_allclose(out[0], [1.25, 1.5]) and out[0].dtype == np.float32
+    # the late update as the server merges it: theta + 0.5 x delta, a step of -0.5 along the delta
+    out = sgd_step([np.array([1.0, 2.0], dtype=np.float32)], [np.array([0.5, -1.0], dtype=np.float32)], -0.5)
+    np.testing.assert_allclose(out[0], [1.25, 1.5])
+    assert out[0].dtype == np.float32
     proxy = ["algorithm=bhfl", "topology=tree", "topology.fanout=[2,3]", "dataset.proxy_fraction=0.2",
              "algorithm.proxy_samples=[40,20]", "dataset.max_samples=200", "dataset.batch_size=32",
              "global_rounds=2", "algorithm.team_rounds=1", "runtime=inprocess", "runtime.torch_threads=1"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hfl.clock.model import Clock
+from hfl.clock.model import Clock, is_per_level
 from hfl.clock.policy import LevelPolicy
 from hfl.clock.shift import run_shift
 from hfl.errors import ConfigError
@@ -46,7 +46,7 @@ def check_clock(cfg: Mapping, depth: int, server: type, fed: Any) -> None:
                                               "algorithm.sampling=devices (the root's draw) does not allow")
     for key in ("policy", "deadline", "min_replies", "buffer", "concurrency", "latency", "bandwidth"):
         value = clock.get(key)
-        if isinstance(value, list | tuple) or (hasattr(value, "__len__") and not isinstance(value, str)):
+        if is_per_level(value):
             if len(value) != depth:
                 raise ConfigError(f"clock.{key}", f"has {len(value)} entries; this tree of depth {depth} needs "
                                                   f"{depth} (levels 0..{depth - 1}, root first)")

@@ -12,10 +12,13 @@ one is asked about).
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,14 +45,23 @@ def uniforms(seed: int, stream: str, ids: np.ndarray, counter: np.ndarray | int 
     return ((key >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
 
 
+def is_per_level(value: Any) -> bool:
+    """Whether a setting is a list, one entry per level (root first), rather than one value for all."""
+    return isinstance(value, Sequence) and not isinstance(value, str)
+
+
+def level_entry(value: Any, level: int, key: str) -> Any:
+    """A setting's value at ``level``: the one value, or the list's entry for the level."""
+    if not is_per_level(value):
+        return value
+    if level >= len(value):
+        raise ConfigError(key, f"has {len(value)} entries; level {level} needs one")
+    return value[level]
+
+
 def per_level(value: float | Sequence[float], level: int, key: str) -> float:
-    """A per-level setting: one number for every level, or a list (root's edges first)."""
-    if isinstance(value, (list, tuple)) or (hasattr(value, "__len__") and not isinstance(value, str)):
-        values = list(value)
-        if level >= len(values):
-            raise ConfigError(key, f"has {len(values)} entries; level {level} needs one")
-        return float(values[level])
-    return float(value)
+    """A per-level number: one for every level, or a list (root's edges first)."""
+    return float(level_entry(value, level, key))
 
 
 @dataclass(frozen=True)
@@ -76,8 +88,7 @@ class Clock:
 
         def level_values(key: str) -> float | tuple[float, ...]:
             value = clock.get(key)
-            return tuple(float(v) for v in value) if isinstance(value, Sequence) and not isinstance(value, str) \
-                else float(value)
+            return tuple(float(v) for v in value) if is_per_level(value) else float(value)
 
         made = cls(int(seed), float(clock.get("step_seconds", 0.05)), str(speed.get("distribution", "constant")),
                    float(speed.get("value", 1.0)), float(speed.get("mu", 0.0)), float(speed.get("sigma", 1.0)),
@@ -166,8 +177,14 @@ def read_trace(path: str | Path) -> dict[int, float]:
 
 
 def run_clock(cfg: Mapping) -> Clock | None:
-    """The run's clock (``clock.enabled``), or None: rounds take no simulated time."""
+    """The run's clock (``clock.enabled``), or None: rounds take no simulated time. Made once per
+    process and configuration: every node a message builds asks for it (a trace file is read once)."""
     clock = cfg.get("clock") or {}
     if not clock.get("enabled", False):
         return None
-    return Clock.from_config(clock, int(cfg["seed"]))
+    return _clock(json.dumps(clock, sort_keys=True), int(cfg["seed"]))
+
+
+@lru_cache(maxsize=4)
+def _clock(clock: str, seed: int) -> Clock:
+    return Clock.from_config(json.loads(clock), seed)

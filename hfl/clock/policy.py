@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from hfl.clock.model import per_level
+from hfl.clock.model import level_entry, per_level
 from hfl.errors import ConfigError
+from hfl.rules.steps import sgd_step
 
 POLICIES = ("sync", "deadline", "buffered")
 STALENESS = ("constant", "polynomial", "hinge")
@@ -67,8 +68,7 @@ class LevelPolicy:
     def for_level(cls, clock: Mapping[str, Any], level: int) -> LevelPolicy:
         if not clock or not clock.get("enabled", False):
             return cls()
-        kind = clock.get("policy", "sync")
-        kind = str(per_level_value(kind, level, "clock.policy"))
+        kind = str(level_entry(clock.get("policy", "sync"), level, "clock.policy"))
         if kind not in POLICIES:
             raise ConfigError("clock.policy", f"unknown policy {kind!r}; known: {', '.join(POLICIES)}")
         stale = dict(clock.get("staleness", {}))
@@ -100,14 +100,6 @@ class LevelPolicy:
 
     def weight(self, staleness: int) -> float:
         return staleness_weight(staleness, self.staleness, self.a, self.b)
-
-
-def per_level_value(value: Any, level: int, key: str) -> Any:
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        if level >= len(value):
-            raise ConfigError(key, f"has {len(value)} entries; level {level} needs one")
-        return value[level]
-    return value
 
 
 @dataclass
@@ -185,5 +177,5 @@ def merged_model(current: Sequence[np.ndarray], reply: Sequence[np.ndarray], sen
         return list(reply)
     if sent is None:
         raise ValueError("a stale reply needs the model it was sent")
-    return [np.asarray(c + weight * (np.asarray(r) - np.asarray(s)), dtype=np.asarray(r).dtype)
-            for c, r, s in zip(current, reply, sent, strict=True)]
+    delta = [np.asarray(r) - np.asarray(s) for r, s in zip(reply, sent, strict=True)]
+    return sgd_step(current, delta, -weight)  # a step of ``weight`` along the delta

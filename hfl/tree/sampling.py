@@ -22,13 +22,18 @@ def sample_size(num_children: int, fraction: float) -> int:
     return min(num_children, max(1, math.ceil(fraction * num_children - 1e-9)))
 
 
+def seeded_subset(children: Sequence[T], k: int, seed: int, stream: str, path: str, key: str | int) -> list[T]:
+    """``k`` of ``children`` drawn from (seed, stream, node path, key), kept in their given order;
+    all of them when ``k`` covers them."""
+    if k >= len(children):
+        return list(children)
+    chosen = rng(seed, stream, path or "root", key).choice(len(children), size=k, replace=False)
+    return [children[i] for i in sorted(int(c) for c in chosen)]
+
+
 def sample_children(children: Sequence[T], fraction: float, seed: int, path: str, round_path: str) -> list[T]:
     """A seeded subset of ``children`` (kept in their given order); all of them at fraction 1."""
-    k = sample_size(len(children), fraction)
-    if k == len(children):
-        return list(children)
-    chosen = rng(seed, "sample", path or "root", round_path).choice(len(children), size=k, replace=False)
-    return [children[i] for i in sorted(int(c) for c in chosen)]
+    return seeded_subset(children, sample_size(len(children), fraction), seed, "sample", path, round_path)
 
 
 def evaluation_sample(children: Sequence[T], fraction: float, seed: int, path: str, global_round: int) -> list[T]:
@@ -36,11 +41,7 @@ def evaluation_sample(children: Sequence[T], fraction: float, seed: int, path: s
     ceil(fraction x n), at least 1, kept in their given order; all of them at fraction 1. Its own
     stream ("evaluate"), so the sample does not depend on the rounds' fit samples and every model
     level is tested on the same devices."""
-    k = sample_size(len(children), fraction)
-    if k == len(children):
-        return list(children)
-    chosen = rng(seed, "evaluate", path or "root", global_round).choice(len(children), size=k, replace=False)
-    return [children[i] for i in sorted(int(c) for c in chosen)]
+    return seeded_subset(children, sample_size(len(children), fraction), seed, "evaluate", path, global_round)
 
 
 def sample_devices(num_devices: int, fraction: float, seed: int, global_round: int) -> list[int]:
