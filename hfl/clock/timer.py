@@ -22,8 +22,7 @@ from hfl.clock.model import Clock
 from hfl.clock.policy import Closed, InFlight, LevelPolicy, close_round, merged_model
 from hfl.node.faults import DroppedProxy
 from hfl.node.payload import LocalParameters, decode, payload_nbytes
-from hfl.seed import rng
-from hfl.tree.sampling import sample_size
+from hfl.tree.sampling import sample_size, seeded_subset
 
 SIM_TIME = "sim_time"  # config entry (when the parent sent) and reply metric (when it reaches the parent)
 PREFIX = "clock_"  # a node's stored clock entries
@@ -32,12 +31,22 @@ MAX_WAIT_PERIODS = 1000  # availability periods a node waits for one of its devi
 
 @dataclass
 class RoundTiming:
-    """What a closed round reports: when it closed, and how many replies it dropped or merged stale."""
+    """What a closed round reports: when it closed, how many replies it dropped (late, or older
+    than max_staleness) and how many it merged stale."""
 
     end: float
     late: int = 0
-    too_stale: int = 0
     stale: int = 0
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A call as the node made it: when the message reaches the child, when a device's work is
+    done (devices only), and when a device went offline before that (then it fails)."""
+
+    down: float
+    done: float | None = None
+    offline: float | None = None
 
 
 class NodeTimer:
@@ -52,7 +61,7 @@ class NodeTimer:
         self.version, self.inflight = load_inflight(stored)
         self.version += new_call  # a call starts from its parent's model: a new version (the root's run: none)
         self.time = start
-        self._sent_at: dict[str, float] = {}
+        self._sent: dict[str, Sent] = {}
 
     # ------------------------------------------------------------------ who is asked
     def busy(self) -> set[str]:
@@ -85,10 +94,7 @@ class NodeTimer:
         k = min(len(index), wanted - len(self.inflight) if self.policy.kind == "buffered" else wanted)
         if k <= 0:
             return []
-        if k < len(index):
-            chosen = rng(self.seed, "sample", self.path or "root", round_path).choice(len(index), size=k, replace=False)
-            index = [index[int(c)] for c in sorted(chosen.tolist())]
-        return [children[i] for i in index]
+        return [children[i] for i in seeded_subset(index, k, self.seed, "sample", self.path, round_path)]
 
     # ------------------------------------------------------------------ a round's messages
     def send(self, calls: list[tuple[ClientProxy, FitIns]]) -> list[tuple[ClientProxy, FitIns]]:
@@ -96,32 +102,29 @@ class NodeTimer:
         before its work is done is called through a proxy that fails (its state left as it was)."""
         out = []
         for proxy, ins in calls:
-            self._sent_at[proxy.cid] = self.time
             ins = FitIns(ins.parameters, {**ins.config, SIM_TIME: self.time})
+            sent = Sent(self.time + self.clock.message_seconds(self.level, payload_nbytes(ins.parameters)))
             if self.lowest and self.steps_of is not None:
                 device = int(proxy.cid)
-                down = self.time + self.clock.message_seconds(self.level, payload_nbytes(ins.parameters))
-                done = down + self.clock.work_seconds(device, self.steps_of(device))
-                off = self.clock.offline_between(device, self.time, done)
-                if off is not None:
-                    self._sent_at[proxy.cid] = -off - 1.0  # marks the moment it went away (see arrival)
-                    proxy = DroppedProxy(proxy, f"device {device} went offline at simulated time {off:.1f}")
+                done = sent.down + self.clock.work_seconds(device, self.steps_of(device))
+                sent = Sent(sent.down, done, self.clock.offline_between(device, self.time, done))
+                if sent.offline is not None:
+                    proxy = DroppedProxy(proxy, f"device {device} went offline at simulated time {sent.offline:.1f}")
+            self._sent[proxy.cid] = sent
             out.append((proxy, ins))
         return out
 
-    def arrival(self, proxy: ClientProxy, ins: FitIns, result: FitRes | BaseException) -> float:
+    def arrival(self, proxy: ClientProxy, result: FitRes | BaseException) -> float:
         """When a reply (or the news of a failure) reaches the node."""
-        sent = self._sent_at[proxy.cid]
-        if sent < 0:  # went offline: noticed when it went
-            return -sent - 1.0
-        down = sent + self.clock.message_seconds(self.level, payload_nbytes(ins.parameters))
+        sent = self._sent[proxy.cid]
+        if sent.offline is not None:  # went offline: noticed when it went
+            return sent.offline
         if isinstance(result, BaseException) or result.status.code != Code.OK:
-            return down
+            return sent.down
         if not self.lowest:
-            return float(result.metrics.get(SIM_TIME, down))
-        device = int(proxy.cid)
-        work = self.clock.work_seconds(device, self.steps_of(device)) if self.steps_of is not None else 0.0
-        return down + work + self.clock.message_seconds(self.level, payload_nbytes(result.parameters))
+            return float(result.metrics.get(SIM_TIME, sent.down))
+        done = sent.down if sent.done is None else sent.done
+        return done + self.clock.message_seconds(self.level, payload_nbytes(result.parameters))
 
     def close(self, calls: list[tuple[ClientProxy, FitIns]], outcomes: Sequence[FitRes | BaseException],
               current: Sequence[np.ndarray]) -> tuple[Closed, RoundTiming]:
@@ -129,10 +132,10 @@ class NodeTimer:
         and the merged replies are made ready for the rule (stale ones as weighted deltas)."""
         start = self.time
         for (proxy, ins), result in zip(calls, outcomes, strict=True):
-            self.inflight.append(InFlight(proxy.cid, self.arrival(proxy, ins, result), self.version, result,
+            self.inflight.append(InFlight(proxy.cid, self.arrival(proxy, result), self.version, result,
                                           decode(ins.parameters), proxy))
         closed, self.inflight = close_round(self.policy, start, self.inflight, self.version)
-        timing = RoundTiming(closed.end, late=len(closed.late), too_stale=len(closed.too_stale))
+        timing = RoundTiming(closed.end, late=len(closed.late) + len(closed.too_stale))
         for entry in closed.merged:
             staleness = self.version - entry.version
             weight = self.policy.weight(staleness)

@@ -213,7 +213,7 @@ class RoundsReport:
 
     def add_timing(self, timing: RoundTiming) -> None:
         self.sim_time = timing.end
-        self.late += timing.late + timing.too_stale
+        self.late += timing.late
         self.stale += timing.stale
 
     def add_child_counters(self, metrics: dict) -> None:

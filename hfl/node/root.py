@@ -172,14 +172,16 @@ class RootStrategy(Strategy):
         calls = [(proxy, self._sent[proxy.cid]) for proxy, _ in results]
         closed, timing = self.timer.close(calls, [res for _, res in results], self.current)
         self._round["sim_time"] = timing.end
-        self._round["late_level1"] = self._round.get("late_level1", 0) + timing.late + timing.too_stale
+        self._round["late_level1"] = self._round.get("late_level1", 0) + timing.late
         self._round["stale_level1"] = self._round.get("stale_level1", 0) + timing.stale
         return [(entry.proxy or NamedChild(entry.cid), entry.result) for entry in closed.merged]
 
     def aggregate_fit(self, server_round, results, failures):  # noqa: ANN001
+        # In node order, not arrival order (Flower's server collects futures in any order); a subtree's
+        # counters count when it computed them, whether its reply is merged now, later (hfl.clock) or never.
+        for _, res in sorted(results, key=lambda r: node_order(r[1].metrics)):
+            self._count_team_report(res.metrics)
         if self.timer is not None:
-            for _, res in results:  # the subtrees' counters count when computed, merged or not
-                self._count_team_report(res.metrics)
             results = self._timed(results)
             if not results and self.timer.policy.kind != "sync":
                 self._save()
@@ -191,14 +193,11 @@ class RootStrategy(Strategy):
                                "two nodes serve the same team (check partition-id)")
         self._round["failures"] += len(failures) + rejected
         self._round["failures_level1"] = self._round.get("failures_level1", 0) + len(failures) + rejected
-        # In node order, not arrival order (Flower's server collects futures in any order).
         for _, res in sorted(results, key=lambda r: node_order(r[1].metrics)):
             self._round["bytes_up_global"] += payload_nbytes(res.parameters)
             if res.metrics.get("samples"):
                 self._round.setdefault("samples", []).append(str(res.metrics["samples"]))
             self._round["failures"] += int(res.metrics.get("device_failures", 0))
-            if self.timer is None:
-                self._count_team_report(res.metrics)
         if not accepted:
             raise RuntimeError(
                 f"global round {server_round}: no team model to aggregate "

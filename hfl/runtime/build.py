@@ -347,16 +347,15 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
             pass
 
         at_time = None
-    client = node_client(cfg, path, store, proxies, holds, persist, fit_many, evaluate_many)
-    client.at_time = at_time
-    return client
+    return node_client(cfg, path, store, proxies, holds, persist, fit_many, evaluate_many, at_time=at_time)
 
 
 def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | SimpleClientManager,
                 holds: Mapping[str, frozenset[int]],
                 persist: Callable[[], None] = lambda: None, fit_many: FitMany = fit_one_by_one,
                 evaluate_many: EvaluateMany = evaluate_children,
-                evaluate_targets: EvaluateTargets | None = None) -> NodeClient:
+                evaluate_targets: EvaluateTargets | None = None,
+                at_time: Callable[[float], None] | None = None) -> NodeClient:
     """The engine's node at ``path`` over ``proxies`` (its children: in this process, or remote
     ones in a deployment, hfl.deploy.node_server; or a manager of them, e.g. a LazyClientManager),
     ``holds`` naming the devices under each."""
@@ -389,7 +388,8 @@ def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | Simp
                       steps_of=device_steps(cfg, fed) if clock is not None and tree.is_lowest(path) else None,
                       device_evaluation_config=server.device_evaluation_config(alg, tree.depth)
                       if tree.is_lowest(path) else None,
-                      persist_after_evaluation=tree.is_lowest(path) and server.devices_change_when_tested(alg))
+                      persist_after_evaluation=tree.is_lowest(path) and server.devices_change_when_tested(alg),
+                      at_time=at_time)
 
 
 def device_steps(cfg: Mapping, fed: Federation) -> Callable[[int], int]:
