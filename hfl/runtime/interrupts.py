@@ -10,6 +10,11 @@ Flower's threads touches it after that) and then ends the process by the same si
 action), so a shell sees 130 or 143 and a script running hfl-simulate in a loop stops too. The run directory is left as a SIGKILL would
 leave it, which a resumption handles (hfl.state.resume); the run lock is released by the
 system. A second signal, or a clean-up longer than ``CLEANUP_SECONDS``, ends it at once.
+
+Python runs a handler in the main thread only, and a signal the kernel hands to another thread
+(Ray's and Flower's threads are most of the process's) does not wake a main thread blocked in a
+join, as it is on Ray for the whole run: the handler then ran when the run ended. A watcher
+thread, woken through ``signal.set_wakeup_fd``, sends the signal on to the main thread.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,6 +36,7 @@ log = logging.getLogger("hfl")
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 CLEANUP_SECONDS = 10.0  # stopping Ray took about 2 s here; a hung stop must not hold the user up
+NUDGE_SECONDS = 0.2  # an awake main thread runs the handler within microseconds
 PROGRAM = "hfl-simulate"
 
 
@@ -73,10 +81,13 @@ class _Stop:
         self.stopping = False
         self.said: str | None = None
         self.previous: dict = {}  # the handlers before ours
+        self.nudged = -float("inf")  # when the watcher last sent a signal on to the main thread
 
     def handle(self, signum: int, frame: FrameType | None) -> None:  # noqa: ARG002
-        if self.stopping:  # a second Ctrl-C: no more waiting
-            self.die(signum)
+        if self.stopping:
+            if time.monotonic() - self.nudged < 2 * NUDGE_SECONDS:
+                return  # the watcher's copy of the signal being handled
+            self.die(signum)  # a second Ctrl-C: no more waiting
         self.stopping = True
         watchdog = threading.Timer(CLEANUP_SECONDS, self.die, (signum,))
         watchdog.daemon = True
@@ -134,6 +145,18 @@ class _Stop:
             os.kill(os.getpid(), signum)
         os._exit(128 + signum)  # the watchdog's thread (which cannot reset a handler), or a blocked signal
 
+    def watch(self, reader: socket.socket) -> None:
+        """The watcher thread: each SIGINT/SIGTERM the handler has not taken up within
+        ``NUDGE_SECONDS`` is sent again, to the main thread (whose wait it interrupts)."""
+        main = threading.main_thread().ident
+        with reader:
+            while received := reader.recv(64):  # b"" once stop_on_signals closed the writer
+                for signum in set(received) & set(SIGNALS):
+                    time.sleep(NUDGE_SECONDS)
+                    if not self.stopping and main is not None:
+                        self.nudged = time.monotonic()
+                        signal.pthread_kill(main, signum)
+
 
 _stderr: int | None = None  # stderr as it was before mute()
 _current: _Stop | None = None
@@ -171,12 +194,33 @@ def stop_on_signals(line: Callable[[], str], console: logging.Handler | None = N
     previous = stop.previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     outer, _current = _current, stop
     _claim(stop, previous)
+    watcher = _watch(stop)
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         _current = outer
+        if watcher is not None:
+            watcher()
+
+
+def _watch(stop: _Stop) -> Callable[[], None] | None:
+    """``stop``'s watcher started on a wakeup descriptor of its own; returns what ends it. None
+    where something else already holds the process's wakeup descriptor (an event loop)."""
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    theirs = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    if theirs != -1:
+        signal.set_wakeup_fd(theirs)
+        reader.close(), writer.close()
+        return None
+    threading.Thread(target=stop.watch, args=(reader,), name="hfl-signal-watcher", daemon=True).start()
+
+    def end() -> None:
+        signal.set_wakeup_fd(-1)
+        writer.close()  # the watcher's recv returns b"" and it ends
+    return end
 
 
 def _claim(stop: _Stop, previous: dict) -> None:
