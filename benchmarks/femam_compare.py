@@ -63,7 +63,9 @@ default sweep (54 runs x 100 rounds) is ~60 min sequential, ~30 min at --jobs 2 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import statistics
 import sys
 from collections.abc import Callable
@@ -120,8 +122,14 @@ SETTINGS: dict[str, Setting] = {
         50, 9,
         mnist(["dataset.partition=dirichlet", "dataset.dirichlet_alpha=0.1", "dataset.min_samples_per_device=8"]),
         "MNIST test split, Dirichlet alpha 0.1, 50 devices"),
+    "mnist_multilevel": Setting(
+        50, 9,
+        mnist(["dataset.partition=multilevel", "dataset.level_clusters=[2,3,5]", "dataset.level_classes=[1,1,1]",
+               "dataset.normalize=[0.1307,0.3081]"]),
+        "MNIST test split, multi-level [2,3,5] (1 class per cluster per level), 50 devices"),
 }
 ALGORITHMS = ("femam", "fedavg", "fedavg_ft", "ditto", "fesem", "local")
+VAL_SUFFIX = "_val"  # a validation twin's run folder: seed<s>_val
 
 
 def femam_schedule(rounds: int, levels: int) -> tuple[list[int], int]:
@@ -176,6 +184,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="folder holding MNIST/raw (default: ../shared/data next to the repository)")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Hydra override for every run (repeatable)")
+    parser.add_argument("--model", default="mclr", help="model= of every run (default: %(default)s)")
+    parser.add_argument("--no-val-twins", dest="val_twins", action="store_false",
+                        help="no validation twins: no reading at the round of lowest validation loss")
     parser.add_argument("--no-report", action="store_true", help="run only, no hfl-report")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit; runs and deletes nothing")
     args = parser.parse_args(argv)
@@ -199,7 +210,7 @@ def build_jobs(args: argparse.Namespace) -> list[Job]:
             for seed in args.seeds:
                 run_dir = args.out / name / algorithm / f"seed{seed}"
                 overrides = (algorithm_overrides(algorithm, setting, args) + setting.overrides(args)
-                             + ["dataset.val_fraction=0.15", "dataset.batch_size=32", "model=mclr",
+                             + ["dataset.val_fraction=0.15", "dataset.batch_size=32", f"model={args.model}",
                                 "topology=random", f"topology.num_teams={TEAMS}",
                                 f"topology.devices_per_team={setting.devices // TEAMS}", "runtime=inprocess",
                                 f"global_rounds={args.rounds}", f"eval_every={args.eval_every}", f"seed={seed}"]
@@ -207,7 +218,110 @@ def build_jobs(args: argparse.Namespace) -> list[Job]:
                 command = simulate + overrides + [f"hydra.run.dir={hydra_value(str(run_dir))}"]
                 log = args.out / "logs" / name / f"{algorithm}_seed{seed}.log"
                 jobs.append(Job(name, algorithm, seed, args.rounds, run_dir, log, command, overrides))
+                if args.val_twins:
+                    twin_dir = run_dir.with_name(run_dir.name + VAL_SUFFIX)
+                    twin = [sys.executable, str(Path(__file__).resolve()), EVALUATE_ON_VALIDATION, *overrides,
+                            f"hydra.run.dir={hydra_value(str(twin_dir))}"]
+                    jobs.append(Job(name, algorithm, seed, args.rounds, twin_dir,
+                                    log.with_name(log.stem + VAL_SUFFIX + ".log"), twin, overrides))
     return jobs
+
+
+def is_twin(job: Job) -> bool:
+    return job.run_dir.name.endswith(VAL_SUFFIX)
+
+
+# ---------------------------------------------------------------- validation twins
+# The FeMAM paper (and its authors' code) reports the client mean test accuracy at the round of lowest
+# mean validation loss. hfl evaluates on the devices' test splits only; a validation twin is the same run
+# (same config and seed, so the same data, training and models: the test split is read by nothing but
+# the evaluation, and no random stream depends on it) whose evaluation reads each device's validation
+# split in place of its test split. Its metrics.jsonl then holds, per round, the loss of the same
+# predictor on the validation splits; the twin's final global model is checked to equal its run's.
+EVALUATE_ON_VALIDATION = "--evaluate-on-validation"
+
+
+def simulate_on_validation(argv: list[str]) -> None:
+    """``hfl-simulate argv`` with every device's test split replaced by its validation split."""
+    from hfl.data import federation
+    from hfl.runtime.simulate import main as simulate_main
+
+    split = federation.split_device
+
+    def split_device_val(*args, **kwargs):
+        data = split(*args, **kwargs)
+        return dataclasses.replace(data, x_test=data.x_val, y_test=data.y_val)
+
+    federation.split_device = split_device_val
+    sys.argv = ["hfl-simulate", *argv]
+    simulate_main()
+
+
+def read_metrics(run: Path) -> dict[int, dict]:
+    rows: dict[int, dict] = {}
+    try:
+        for line in (run / "metrics.jsonl").read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                rows[int(row["round"])] = row
+    except (OSError, json.JSONDecodeError, KeyError, ValueError):
+        return {}
+    return rows
+
+
+def predictor_keys(rows: dict[int, dict]) -> tuple[str, str]:
+    """(accuracy key, loss key) of the model the devices predict with: PM, or the GM (fedavg)."""
+    has_pm = any(r.get("client_mean_accuracy") is not None for r in rows.values())
+    return ("client_mean_accuracy", "pm_loss") if has_pm else ("gm_client_mean_accuracy", "gm_loss")
+
+
+def same_training(run: Path, twin: Path) -> bool | None:
+    """Whether the twin's final global model equals its run's (None: not both saved)."""
+    import numpy as np
+
+    a, b = run / "checkpoints" / "global_model.npz", twin / "checkpoints" / "global_model.npz"
+    if not (a.exists() and b.exists()):
+        return None
+    with np.load(a) as x, np.load(b) as y:
+        return sorted(x.files) == sorted(y.files) and all(np.array_equal(x[k], y[k]) for k in x.files)
+
+
+def lowest_val_reading(run: Path, twin: Path) -> dict | None:
+    """The run's client mean test accuracy at the round its twin's validation loss (pooled over the
+    devices' validation samples) is lowest, that round, and whether both trained the same models."""
+    test, val = read_metrics(run), read_metrics(twin)
+    if not test or not val:
+        return None
+    acc_key, loss_key = predictor_keys(test)
+    rounds = [r for r in sorted(test) if r in val and val[r].get(loss_key) is not None
+              and test[r].get(acc_key) is not None and math.isfinite(float(val[r][loss_key]))]
+    if not rounds:
+        return None
+    best = min(rounds, key=lambda r: float(val[r][loss_key]))
+    return {"round": best, "accuracy": float(test[best][acc_key]), "val_loss": float(val[best][loss_key]),
+            "same_training": same_training(run, twin)}
+
+
+def femam_own_reading(run: Path) -> dict | None:
+    """FeMAM only, from its root's state: the authors' measure itself. Each round every device reports
+    the validation loss of the additive model it received (the one evaluated after the previous
+    round); the root keeps their unweighted mean per round (femam.mean_val<level>). The client mean
+    test accuracy after round r-1 is read at the round r of the lowest such mean (r >= 2)."""
+    import numpy as np
+
+    path = run / "state" / "node-root.npz"
+    test = read_metrics(run)
+    if not path.exists() or not test:
+        return None
+    with np.load(path) as z:
+        levels = sorted((k for k in z.files if k.startswith("femam.mean_val")), key=lambda k: int(k[len("femam.mean_val"):]))
+        means = [float(v) for k in levels for v in z[k].tolist()]
+    candidates = [(loss, r) for r, loss in enumerate(means, start=1) if r >= 2 and (r - 1) in test]
+    if not candidates:
+        return None
+    loss, r = min(candidates)
+    acc_key, _ = predictor_keys(test)
+    return {"round": r - 1, "accuracy": float(test[r - 1][acc_key]), "val_loss": loss}
 
 
 # ---------------------------------------------------------------- FeMAM's kept levels
@@ -244,15 +358,26 @@ def levels_summary(runs: list[Path]) -> str:
 
 
 # ---------------------------------------------------------------- client mean of every algorithm's predictor
-def client_mean_table(jobs: list[Job]) -> str:
+def client_mean_table(jobs: list[Job], twins: dict[Path, Job] | None = None) -> str:
     """Markdown: per algorithm, the unweighted client mean of the model its devices predict with
     (PM: client_mean_accuracy; no PM (fedavg): the GM's, gm_client_mean_accuracy), best and final,
-    mean +- std over the runs, in percent. hfl-report's client-mean columns show PM only."""
+    mean +- std over the runs, in percent. hfl-report's client-mean columns show PM only.
+    With validation twins (``twins``: run folder -> its finished twin): also the client mean at the
+    round of lowest validation loss (the FeMAM paper's figure) and that round; for FeMAM a second
+    reading from its own per-round client-mean validation losses (``femam_own_reading``)."""
+    twins = twins or {}
     lines = ["| algorithm | predictor | client mean best | client mean final | runs |", "|:---|:---|---:|---:|---:|"]
     by_algorithm: dict[str, list[dict]] = {}
+    readings: dict[str, list[dict]] = {}
+    own: dict[str, list[dict]] = {}
     for job in jobs:
         if job.summary:
             by_algorithm.setdefault(job.algorithm, []).append(job.summary)
+            twin = twins.get(job.run_dir)
+            if twin is not None and (reading := lowest_val_reading(job.run_dir, twin.run_dir)) is not None:
+                readings.setdefault(job.algorithm, []).append(reading)
+            if job.algorithm == "femam" and (reading := femam_own_reading(job.run_dir)) is not None:
+                own.setdefault(job.algorithm, []).append(reading)
 
     def cell(values: list[float]) -> str:
         if not values:
@@ -267,6 +392,23 @@ def client_mean_table(jobs: list[Job]) -> str:
                   for kind in ("best", "final")}
         lines.append(f"| {algorithm} | {'PM' if has_pm else 'GM'} | {cell(values['best'])} | "
                      f"{cell(values['final'])} | {len(summaries)} |")
+    if readings or own:
+        lines += ["", "At the round of lowest validation loss (the FeMAM paper's figure; validation twins: "
+                  "loss pooled over the devices' validation samples):", "",
+                  "| algorithm | client mean at lowest val loss | final | rounds chosen | runs | twins train the same |",
+                  "|:---|---:|---:|:---|---:|:---|"]
+        for algorithm, summaries in by_algorithm.items():
+            has_pm = any((s.get("final") or {}).get("client_mean_accuracy") is not None for s in summaries)
+            key = "client_mean_accuracy" if has_pm else "gm_client_mean_accuracy"
+            final = [100 * v for s in summaries if (v := (s.get("final") or {}).get(key)) is not None]
+            for label, rows in ((algorithm, readings.get(algorithm)),
+                                (f"{algorithm} (own client-mean val loss)", own.get(algorithm))):
+                if not rows:
+                    continue
+                same = {r.get("same_training") for r in rows} if label == algorithm else {"n/a"}
+                lines.append(f"| {label} | {cell([100 * r['accuracy'] for r in rows])} | {cell(final)} | "
+                             f"{', '.join(str(r['round']) for r in rows)} | {len(rows)} | "
+                             f"{'yes' if same == {True} else 'n/a' if same == {'n/a'} else same} |")
     return "\n".join(lines)
 
 
@@ -275,26 +417,28 @@ def report(args: argparse.Namespace, jobs: list[Job]) -> tuple[list[Path], list[
     returns the files written and the settings whose report failed."""
     written, failed = [], []
     for name in args.settings:
-        runs = [job.run_dir for job in jobs if job.setting == name and job.status in ("ok", "done")]
+        finished = [job for job in jobs if job.setting == name and job.status in ("ok", "done")]
+        twins = {job.run_dir.with_name(job.run_dir.name[:-len(VAL_SUFFIX)]): job for job in finished if is_twin(job)}
+        finished = [job for job in finished if not is_twin(job)]
+        runs = [job.run_dir for job in finished]
         if not runs:
             print(f"\n== {name}: no finished runs, no report", flush=True)
             continue
         out_dir = args.out / "report" / name
-        title = (f"FeMAM comparison: {SETTINGS[name].title}, MCLR, {args.rounds} global rounds, "
+        title = (f"FeMAM comparison: {SETTINGS[name].title}, {args.model}, {args.rounds} global rounds, "
                  f"batch 32, lr {LR}, val_fraction 0.15")
         if hfl_report(name, runs, out_dir, title):
             written.append(out_dir / "report.md")
         else:
             failed.append(name)
-        table = client_mean_table([job for job in jobs if job.setting == name and job.status in ("ok", "done")])
+        table = client_mean_table(finished, twins)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "client_mean.md").write_text(
             f"# Client mean accuracy (%): {name}\n\nEvery device counts once (the FeMAM paper's figure); the model "
             "each algorithm's devices predict with: PM, or the GM where there is no PM (fedavg).\n\n" + table + "\n")
         written.append(out_dir / "client_mean.md")
         print(f"\n== {name}: client mean of each algorithm's predictor\n{table}", flush=True)
-        femam = [job.run_dir for job in jobs
-                 if job.setting == name and job.algorithm == "femam" and job.status in ("ok", "done")]
+        femam = [job.run_dir for job in finished if job.algorithm == "femam"]
         if femam:
             text = (f"# FeMAM's kept levels: {name}\n\nlevels {args.femam_levels} (groups per level, 0 = personal); "
                     "level 1 is always kept; a client keeps a later level iff it lowered its mean validation loss "
@@ -328,6 +472,10 @@ def estimate(jobs: list[Job], rounds: int, seeds: int, workers: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [EVALUATE_ON_VALIDATION]:  # a validation twin (build_jobs' command)
+        simulate_on_validation(argv[1:])
+        return 0
     args = parse_args(argv)
     jobs = build_jobs(args)
     pending = pending_jobs(jobs)
