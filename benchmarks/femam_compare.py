@@ -128,6 +128,7 @@ SETTINGS: dict[str, Setting] = {
                "dataset.normalize=[0.1307,0.3081]"]),
         "MNIST test split, multi-level [2,3,5] (1 class per cluster per level), 50 devices"),
 }
+DEFAULT_SETTINGS = ("synthetic", "mnist_clusterwise", "mnist_dirichlet")  # mnist_multilevel: ask for it
 ALGORITHMS = ("femam", "fedavg", "fedavg_ft", "ditto", "fesem", "local")
 VAL_SUFFIX = "_val"  # a validation twin's run folder: seed<s>_val
 
@@ -168,8 +169,8 @@ def parse_levels(parser: argparse.ArgumentParser, text: str) -> list[int]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--settings", default=",".join(SETTINGS),
-                        help=f"comma list of {', '.join(SETTINGS)} (default: all)")
+    parser.add_argument("--settings", default=",".join(DEFAULT_SETTINGS),
+                        help=f"comma list of {', '.join(SETTINGS)} (default: %(default)s)")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma list (default: %(default)s)")
     parser.add_argument("--seeds", default="0,1,2", help="comma list of seeds (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="global rounds of every run (default: %(default)s)")
