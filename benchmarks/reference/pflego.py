@@ -7,6 +7,12 @@ runs it from the checkout.
     git clone https://github.com/sotirisnik/PFLEGO /tmp/pflego_ref   # then: git -C /tmp/pflego_ref checkout b24b905
     .venv/bin/python benchmarks/reference/pflego.py /tmp/pflego_ref --settings no --seeds 0,1,2 --hfl
     .venv/bin/python benchmarks/reference/pflego.py /tmp/pflego_ref --settings no --seeds 0 --rounds 2   # time a round
+    # a variant: 20 devices (4 drawn a round), both codes on the same 20 devices
+    .venv/bin/python benchmarks/reference/pflego.py /tmp/pflego_ref --tag devices20 --hfl \
+        --hfl-override topology.devices_per_team=20 --their-option num_clients=20
+    # their FedPer (main.py's fedavg_personalized) on the same devices
+    .venv/bin/python benchmarks/reference/pflego.py /tmp/pflego_ref --settings high --tag fedper \
+        --their-option algo=fedavg_personalized
 
 What it does, per (setting, seed):
 
@@ -49,9 +55,11 @@ What it does, per (setting, seed):
    for that setting and seed, plus ``--hfl-override``s) and prints its ``pflego_accuracy`` (the same
    protocol) and PM beside theirs.
 
-``--their-option KEY=VALUE`` passes extra main.py options; ``--factor`` applies one of the
-run-time variations of the authors' code used to isolate the no-personalisation gap (each a
-monkeypatch of the launcher, described in FACTORS).
+``--their-option KEY=VALUE`` passes extra main.py options (the last of a repeated option wins);
+``--hfl-override`` goes to hfl's runs and to the exported data alike; ``--tag`` names the
+variant's folders under ``--out``. ``--factor`` applies one of the run-time variations of the
+authors' code used to isolate the no-personalisation gap (each a monkeypatch of the launcher,
+described in FACTORS). A JSON of the numbers is written to ``<out>/results_<factor>[_<tag>].json``.
 """
 
 from __future__ import annotations
@@ -76,6 +84,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THRE
 # Run-time variations of the authors' code (--factor), one factor each, applied by the launcher.
 FACTORS = {
     "none": "their code as it is",
+    "their_label_map": "their MyDataset's label map as it is (the labels present in each split, numbered in order)",
     "torch_init": "the body's Dense(200) initialised as torch.nn.Linear (weight and bias U(-1/sqrt(784), "
                   "1/sqrt(784))) instead of stax's glorot_normal weight and N(0, 0.01) bias",
 }
@@ -105,13 +114,14 @@ def hfl_config(overrides: list[str]) -> dict:
         return OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
 
 
-def export(setting: str, seed: int, path: Path) -> dict:
-    """Write hfl's devices for (setting, seed) to ``path``; returns counts for the log."""
+def export(setting: str, seed: int, path: Path, extra: list[str]) -> dict:
+    """Write hfl's devices for (setting, seed) to ``path`` (``extra``: more Hydra overrides, the
+    hfl runs' ``--hfl-override``s); returns counts for the log."""
     import numpy as np
 
     from hfl.data import build_federation
 
-    cfg = hfl_config(hfl_overrides(setting, seed))
+    cfg = hfl_config(hfl_overrides(setting, seed) + list(extra))
     fed = build_federation(cfg["dataset"], cfg["topology"], int(cfg["seed"]))
     arrays: dict[str, np.ndarray] = {}
     missing_test = 0
@@ -248,7 +258,9 @@ def launch(checkout: Path, data_path: Path, workdir: Path, factor: str, argv: li
         return dense_torch
 
     swaps = {"RoundRobin": lambda value: round_robin, "MyDataset": own_classes}
-    if factor == "torch_init":
+    if factor == "their_label_map":
+        del swaps["MyDataset"]
+    elif factor == "torch_init":
         swaps["Dense"] = torch_init_dense
     elif factor != "none":
         raise SystemExit(f"unknown factor {factor!r}; known: {', '.join(FACTORS)}")
@@ -286,7 +298,7 @@ def their_argv(setting: str, rounds: int, extra: list[str]) -> list[str]:
 
 def run_theirs(args: argparse.Namespace, setting: str, seed: int, data: Path) -> dict:
     python = ensure_venv()
-    run = args.out / "theirs" / args.factor / setting / f"seed{seed}"
+    run = args.out / "theirs" / args.factor / (args.tag or "default") / setting / f"seed{seed}"
     workdir = run / "cwd"
     argv = their_argv(setting, args.rounds, args.their_option)
     command = [str(python), str(Path(__file__).resolve()), "--launch", str(args.checkout), str(data), str(workdir),
@@ -309,7 +321,7 @@ def run_theirs(args: argparse.Namespace, setting: str, seed: int, data: Path) ->
 
 
 def run_hfl(args: argparse.Namespace, setting: str, seed: int) -> dict:
-    out = args.out / "hfl" / (args.hfl_tag or "default")
+    out = args.out / "hfl" / (args.tag or "default")
     command = [sys.executable, str(REPO / "benchmarks" / "pflego_table1.py"), "--settings", setting, "--algorithms",
                "pflego", "--seeds", str(seed), "--rounds", str(args.rounds), "--out", str(out), "--no-report",
                "--override", "runtime.torch_threads=1", *[f"--override={o}" for o in args.hfl_override]]
@@ -348,8 +360,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="extra main.py option, e.g. optimizer=sgd (repeatable)")
     parser.add_argument("--hfl", action="store_true", help="also run hfl's PFLEGO on the same devices")
     parser.add_argument("--hfl-override", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra Hydra override for hfl's runs (repeatable)")
-    parser.add_argument("--hfl-tag", default="", help="subfolder of <out>/hfl for these hfl runs")
+                        help="extra Hydra override for hfl's runs and the exported data (repeatable)")
+    parser.add_argument("--tag", default="", help="names this variant's folders (data, their runs, hfl's runs)")
     parser.add_argument("--skip-theirs", action="store_true", help="run hfl only")
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
@@ -367,8 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             row: dict = {}
             if not args.skip_theirs:
-                data = args.out / "data" / f"{setting}_seed{seed}.npz"
-                counts = export(setting, seed, data)
+                data = args.out / "data" / (args.tag or "default") / f"{setting}_seed{seed}.npz"
+                counts = export(setting, seed, data, args.hfl_override)
                 print(f"[{setting} seed {seed}] data: {counts}", flush=True)
                 row["theirs"] = run_theirs(args, setting, seed, data)
                 print(f"[{setting} seed {seed}] theirs: {row['theirs']['figure']:.2f} (last round "
@@ -378,10 +390,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{setting} seed {seed}] hfl: figure {row['hfl']['figure']:.2f}, PM {row['hfl']['pm']:.2f}, "
                       f"{row['hfl']['wall']:.0f} s", flush=True)
             results.setdefault(setting, {})[seed] = row
-    (args.out / f"results_{args.factor}{'_' + args.hfl_tag if args.hfl_tag else ''}.json").write_text(
+    (args.out / f"results_{args.factor}{'_' + args.tag if args.tag else ''}.json").write_text(
         json.dumps(results, indent=1))
     for setting, rows in results.items():
-        print(f"\n{setting} personalisation, {args.rounds} rounds, factor {args.factor}; the paper's figure "
+        print(f"\n{setting} personalisation, {args.rounds} rounds, factor {args.factor}, tag {args.tag or '-'}, "
+              f"hfl overrides {args.hfl_override}, their options {args.their_option}; the paper's figure "
               f"(sampled clients after their head update, mean of the last 10 rounds), %")
         print("| seed | authors' code | hfl figure | hfl PM |\n|---:|---:|---:|---:|")
         for seed, row in rows.items():
