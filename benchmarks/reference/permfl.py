@@ -41,6 +41,10 @@ process; no file of the checkout is edited):
   then one beta step, on minibatches of the device's *test* split, then tests on that split.
 * ``--ref-classes 10``: the authors' ``Mclr_Logistic()`` for ``--dataset Mnist`` has 62 outputs
   (its EMNIST default); this option gives it 10 (a one-factor experiment; default: as released).
+* ``--ref-fix-slip``: ``UserPerMFL.__init__`` passes its arguments to ``User.__init__`` one
+  position off, so the device prox coefficient becomes L (local_iters) where lambda belongs; this
+  option sets it back to lambda after their constructor ran (``user.lamda`` and a new
+  ``pFedMeOptimizer``) - a one-factor experiment; default: as released (the slip).
 * torch uses one thread (``torch.set_num_threads``, ``--threads``).
 
 Settings passed to their ``main.py`` (from hfl's resolved configuration): ``--dataset Mnist
@@ -128,7 +132,7 @@ def reference_args(cfg: dict, algorithm: str, payload: dict, rounds: int) -> lis
 
 
 def run_reference(ref: Path, cfg: dict, algorithm: str, rounds: int, run_dir: Path, threads: int,
-                  ref_classes: int | None) -> dict:
+                  ref_classes: int | None, fix_slip: bool = False) -> dict:
     result = run_dir / "result.json"
     if result.exists() and json.loads(result.read_text()).get("rounds") == rounds:
         return json.loads(result.read_text())
@@ -143,7 +147,7 @@ def run_reference(ref: Path, cfg: dict, algorithm: str, rounds: int, run_dir: Pa
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="permfl_ref_cwd_") as cwd, open(run_dir / "reference.log", "w") as log:
         command = [sys.executable, str(Path(__file__).resolve()), "_launch", str(ref.resolve()), str(data.resolve()),
-                   str(result.resolve()), str(threads), str(ref_classes or 0), "--", *argv]
+                   str(result.resolve()), str(threads), str(ref_classes or 0), str(int(fix_slip)), "--", *argv]
         rc = subprocess.run(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
     if rc != 0:
         raise SystemExit(f"the authors' code failed (exit {rc}); log: {run_dir / 'reference.log'}")
@@ -227,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-reference", action="store_true", help="hfl only")
     parser.add_argument("--ref-classes", type=int, default=None,
                         help="outputs of the authors' MNIST MCLR (released: 62); 10 for the one-factor experiment")
+    parser.add_argument("--ref-fix-slip", action="store_true",
+                        help="the authors' PerMFL with lambda (not L) as the device prox coefficient")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     if not (args.reference / "main.py").exists():
@@ -235,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve() / args.tag
     text = [f"PerMFL authors' code ({args.reference}) vs hfl, {args.experiment}, T = {args.rounds}, "
             f"overrides {args.override or 'none'}" + (f", hfl only {args.hfl_override}" if args.hfl_override else "")
-            + (f", authors' MCLR outputs {args.ref_classes}" if args.ref_classes else ""), ""]
+            + (f", authors' MCLR outputs {args.ref_classes}" if args.ref_classes else "")
+            + (", authors' device prox = lambda (slip fixed)" if args.ref_fix_slip else ""), ""]
     for algorithm in [a.strip() for a in args.algorithms.split(",") if a.strip()]:
         if algorithm not in REF_NAMES:
             parser.error(f"unknown algorithm {algorithm!r}: permfl or perfedavg")
@@ -249,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                 t = time.perf_counter()
                 results[seed]["ref"] = run_reference(args.reference, cfg, algorithm, args.rounds,
                                                      out / algorithm / f"seed{seed}" / "reference", args.threads,
-                                                     args.ref_classes)
+                                                     args.ref_classes, args.ref_fix_slip)
                 print(f"{algorithm} seed {seed}: authors' code {time.perf_counter() - t:.0f} s", flush=True)
             if not args.no_hfl:
                 t = time.perf_counter()
@@ -266,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
 
 # ------------------------------------------------------------------ child side (the authors' code)
 
-def launch(ref: str, data_path: str, result_path: str, threads: int, classes: int, argv: list[str]) -> None:
+def launch(ref: str, data_path: str, result_path: str, threads: int, classes: int, fix_slip: bool,
+           argv: list[str]) -> None:
     """Start the authors' main.py with ``argv``, fed hfl's devices (see the module docstring)."""
     import copy
     import runpy
@@ -296,13 +304,22 @@ def launch(ref: str, data_path: str, result_path: str, threads: int, classes: in
 
     serverpermfl.read_data = serverperavg.read_data = read_data
     if classes:
-        released = models.Mclr_Logistic
+        # their __init__(self, input_dim=784, output_dim=62): only the default changes (a subclass would
+        # recurse through their super(Mclr_Logistic, self), which looks the name up at call time)
+        models.Mclr_Logistic.__init__.__defaults__ = (784, classes)
+    if fix_slip:
+        import FLAlgorithms.users.userPerMFL as userpermfl
 
-        class Mclr10(released):
-            def __init__(self, input_dim=784, output_dim=classes):  # noqa: ANN001, ANN204 - theirs
-                super().__init__(input_dim, output_dim)
+        released_init = userpermfl.UserPerMFL.__init__
 
-        models.Mclr_Logistic = Mclr10
+        def init(self, device, numeric_id, train_data, test_data, model, model_name, batch_size, alpha, beta, lamda,
+                 local_epochs, dataset):  # noqa: ANN001, ANN202 - theirs
+            released_init(self, device, numeric_id, train_data, test_data, model, model_name, batch_size, alpha, beta,
+                          lamda, local_epochs, dataset)
+            self.lamda = lamda
+            self.optimizer = userpermfl.pFedMeOptimizer(self.model.parameters(), alpha=self.alpha, lamda=lamda)
+
+        userpermfl.UserPerMFL.__init__ = init
 
     def dump(series: dict) -> None:
         rounds = int(sys.argv[sys.argv.index("--num_global_iters") + 1])
@@ -344,8 +361,8 @@ def launch(ref: str, data_path: str, result_path: str, threads: int, classes: in
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_launch":
-        _, _, ref_, data_, result_, threads_, classes_, sep, *rest = sys.argv
+        _, _, ref_, data_, result_, threads_, classes_, fix_, sep, *rest = sys.argv
         assert sep == "--"
-        launch(ref_, data_, result_, int(threads_), int(classes_), rest)
+        launch(ref_, data_, result_, int(threads_), int(classes_), fix_ == "1", rest)
     else:
         sys.exit(main())
