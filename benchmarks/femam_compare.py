@@ -21,7 +21,17 @@ the tree gives the flat run's models), runtime=inprocess):
   dataset.partition=clusterwise, 5 clusters of c = 3 classes (FeMAM's (c, K) = (3, 5));
 * ``mnist_dirichlet``: the same images, 50 devices, dataset.partition=dirichlet, alpha 0.1,
   min_samples_per_device 8 (FeMAM asks 100 of a 60k pool; with 10k images over 50 devices
-  alpha 0.1 cannot give 10 to every device in flwr-datasets' 11 draws; 8 works for seeds 0-2).
+  alpha 0.1 cannot give 10 to every device in flwr-datasets' 11 draws; 8 works for seeds 0-2);
+* ``mnist_multilevel`` (opt-in: ``--settings mnist_multilevel``; the FeMAM paper's premise, clients
+  sharing structure at several levels): the same images, 50 devices, dataset.partition=multilevel,
+  nested clusters [2,3,5] with 1 class per cluster at each level (MNIST's 10 classes all used), so a
+  device holds 3 classes: one shared with ~25 devices, one with ~17, one with ~10; normalised as
+  the authors' code does under --data-name emnist ([0.1307, 0.3081]) so that
+  benchmarks/reference/femam.py feeds their code the same numbers. Local steps 9 (mean of
+  2*ceil(n_train/32), seeds 0-2: 9.04 / 8.84 / 8.92).
+
+``--model`` (default mclr) sets every run's model, e.g. ``--model resnet9`` (the authors' ResNet-9;
+~17 s a round for FeMAM on mnist_multilevel on one shared core).
 
 Algorithms, all SGD lr 0.01 without momentum (the authors') and the same rounds:
 
@@ -49,6 +59,18 @@ paper's figure), ``<out>/report/<setting>/client_mean.md`` (the client mean of e
 predictor: PM, or the GM for fedavg, which hfl-report's PM-only column leaves blank) and
 ``<out>/report/<setting>/femam_levels.md`` from every FeMAM run's ``femam_levels.json``: how many
 clients kept each level, mean levels kept.
+
+The paper's figure, the client mean at the round of lowest mean validation loss: hfl evaluates on
+test splits only, so each run has a **validation twin** (``<alg>/seed<s>_val``, on by default,
+``--no-val-twins`` to skip: it doubles the sweep): the same hfl-simulate run (same overrides and seed,
+hence the same data, training and models: checked by comparing the final global models) started
+through this script's ``--evaluate-on-validation`` mode, which replaces every device's test split
+by its validation split. client_mean.md then adds, per algorithm, the run's client mean test
+accuracy at the round where its twin's validation loss (pooled over the devices' validation
+samples; hfl's metrics keep no per-device loss) is lowest, and for FeMAM a second reading from its
+own root state: the unweighted client mean of the devices' validation losses of the model they
+received each round (the authors' exact measure; it belongs to the model evaluated after the
+previous round).
 
 Cost (MCLR; CNN is ~150x slower per step on CPU, out of budget): a 4-round mnist_clusterwise run
 (measured while another sweep shared the 2 cores) took 6-9 s
