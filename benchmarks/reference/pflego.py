@@ -56,7 +56,9 @@ What it does, per (setting, seed):
    protocol) and PM beside theirs.
 
 ``--their-option KEY=VALUE`` passes extra main.py options (the last of a repeated option wins);
-``--hfl-override`` goes to hfl's runs and to the exported data alike; ``--tag`` names the
+``--jit-grad`` compiles main.py's ``grad(client.method, ...)`` calls (``jax.jit``, static client;
+the same gradients up to float rounding; env HFL_REF_JIT_GRAD=1 to the launcher): their FedPer
+takes ~38 s a round eagerly on this machine. ``--hfl-override`` goes to hfl's runs and to the exported data alike; ``--tag`` names the
 variant's folders under ``--out``. ``--factor`` applies one of the run-time variations of the
 authors' code used to isolate the no-personalisation gap (each a monkeypatch of the launcher,
 described in FACTORS). A JSON of the numbers is written to ``<out>/results_<factor>[_<tag>].json``.
@@ -257,7 +259,30 @@ def launch(checkout: Path, data_path: Path, workdir: Path, factor: str, argv: li
 
         return dense_torch
 
+    def jit_grad(original):  # noqa: ANN001, ANN202
+        """``grad`` as main.py imports it, but ``grad(client.method, argnums)`` is compiled once per
+        (method, argnums, client): the same gradients, up to float rounding, without eager dispatch."""
+        import inspect
+
+        cache: dict = {}
+
+        def grad(fun, argnums=0, **kwargs):  # noqa: ANN001, ANN003, ANN202
+            if kwargs or not inspect.ismethod(fun):
+                return original(fun, argnums, **kwargs)
+            single = isinstance(argnums, int)
+            nums = (argnums,) if single else tuple(argnums)
+            key = (fun.__func__, nums)
+            if key not in cache:
+                shifted = nums[0] + 1 if single else tuple(n + 1 for n in nums)
+                cache[key] = jax.jit(original(fun.__func__, shifted), static_argnums=0)
+            compiled, owner = cache[key], fun.__self__
+            return lambda *args: compiled(owner, *args)
+
+        return grad
+
     swaps = {"RoundRobin": lambda value: round_robin, "MyDataset": own_classes}
+    if os.environ.get("HFL_REF_JIT_GRAD") == "1":
+        swaps["grad"] = jit_grad
     if factor == "their_label_map":
         del swaps["MyDataset"]
     elif factor == "torch_init":
@@ -306,8 +331,9 @@ def run_theirs(args: argparse.Namespace, setting: str, seed: int, data: Path) ->
     run.mkdir(parents=True, exist_ok=True)
     log = run / "main.log"
     start = time.perf_counter()
+    env = {**os.environ, **ONE_THREAD, "HFL_REF_JIT_GRAD": "1" if args.jit_grad else "0"}
     with open(log, "w") as out:
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **ONE_THREAD})
+        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"their main.py failed ({done.returncode}); see {log}\n{shlex.join(command)}")
@@ -323,12 +349,12 @@ def run_theirs(args: argparse.Namespace, setting: str, seed: int, data: Path) ->
 def run_hfl(args: argparse.Namespace, setting: str, seed: int) -> dict:
     out = args.out / "hfl" / (args.tag or "default")
     command = [sys.executable, str(REPO / "benchmarks" / "pflego_table1.py"), "--settings", setting, "--algorithms",
-               "pflego", "--seeds", str(seed), "--rounds", str(args.rounds), "--out", str(out), "--no-report",
+               args.hfl_algorithm, "--seeds", str(seed), "--rounds", str(args.rounds), "--out", str(out), "--no-report",
                "--override", "runtime.torch_threads=1", *[f"--override={o}" for o in args.hfl_override]]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **ONE_THREAD})
     wall = time.perf_counter() - start
-    run = out / setting / "pflego" / f"seed{seed}"
+    run = out / setting / args.hfl_algorithm / f"seed{seed}"
     if done.returncode != 0 or not (run / "summary.json").exists():
         raise SystemExit(f"hfl failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     final = json.loads((run / "summary.json").read_text())["final"]
@@ -359,9 +385,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--their-option", action="append", default=[], metavar="KEY=VALUE",
                         help="extra main.py option, e.g. optimizer=sgd (repeatable)")
     parser.add_argument("--hfl", action="store_true", help="also run hfl's PFLEGO on the same devices")
+    parser.add_argument("--hfl-algorithm", default="pflego", choices=["pflego", "fedper", "fedavg"],
+                        help="which of pflego_table1.py's algorithms hfl runs (default: %(default)s)")
     parser.add_argument("--hfl-override", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Hydra override for hfl's runs and the exported data (repeatable)")
     parser.add_argument("--tag", default="", help="names this variant's folders (data, their runs, hfl's runs)")
+    parser.add_argument("--jit-grad", action="store_true",
+                        help="compile main.py's grad(client.method) calls (jax.jit, once per client): their "
+                             "FedPer (50 joint gradients per client) takes ~38 s a round eagerly here")
     parser.add_argument("--skip-theirs", action="store_true", help="run hfl only")
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
