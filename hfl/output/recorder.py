@@ -16,6 +16,7 @@ from flwr.common import NDArrays
 
 from hfl.output import run_report, tracking
 from hfl.output.console import ROUND, SHOW, round_line
+from hfl.runtime import interrupts
 from hfl.state.resume import Checkpoint, write_checkpoint
 from hfl.state.store import atomic_savez, atomic_write_bytes
 
@@ -126,6 +127,7 @@ class Recorder:
                    checkpoint: bool = True) -> None:
         """Record global round ``rnd`` and (``checkpoint``) write the checkpoint a killed run
         resumes from, before the last round's summary and plots."""
+        interrupts.hold_if_stopping()
         self.round_seconds.append(seconds)
         tested = int(counters.get("fit_test_samples", 0))
         if tested:

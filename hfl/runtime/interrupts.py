@@ -162,6 +162,15 @@ _stderr: int | None = None  # stderr as it was before mute()
 _current: _Stop | None = None
 
 
+def hold_if_stopping() -> None:
+    """Called before the run records a round: once a signal is stopping the process, Ray may have
+    been stopped under that round (its calls failing), so a thread other than the main one waits
+    here for the process to end rather than record it; the resumption runs the round again."""
+    stop = _current
+    if stop is not None and stop.stopping and threading.current_thread() is not threading.main_thread():
+        threading.Event().wait()
+
+
 def exit_interrupted(line: str, signum: int = signal.SIGINT) -> None:
     """Print ``line`` and end the process by ``signum`` (a Ctrl-C before ``stop_on_signals``
     was in place: while Hydra composes the config)."""
