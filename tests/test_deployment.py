@@ -139,16 +139,17 @@ def assert_same_states(dep: Deployment, deploy_dir: Path, sim_dir: Path) -> None
 
 
 def test_four_tier_bhfl_matches_in_process(tmp_path: Path) -> None:
-    """Root -> 2 -> 4 -> 8 devices, every inner node on a host of its own, B-HFL with proxy training,
+    """Root -> 1 -> 2 -> 4 devices, every inner node on a host of its own, B-HFL with proxy training,
     residual edges and Adam upward: the root's, every node's and every device's models are those
-    of runtime=inprocess."""
-    overrides = ["algorithm=bhfl", "topology=tree", "topology.fanout=[2,2,2]", "dataset.max_samples=200",
+    of runtime=inprocess. One level-1 node: an inner node relaying to two inner nodes below it is
+    what depth 4 adds (the root's two children are the 3-tier tests'), at half the hosts of [2,2,2]."""
+    overrides = ["algorithm=bhfl", "topology=tree", "topology.fanout=[1,2,2]", "dataset.max_samples=200",
                  "dataset.proxy_fraction=0.2", "algorithm.proxy_samples=[40,20,0]", "algorithm.residual_down=true",
                  "algorithm.residual_up_k=1", "algorithm.up.optimizer=adam", "algorithm.up.lr=0.5", "global_rounds=2",
                  "eval_every=2", "algorithm.level_rounds=[1,1]",
                  "algorithm.local_steps=5", "dataset.batch_size=32", "runtime.torch_threads=1"]
     run_dir, dep = deployed(tmp_path, overrides)
-    assert len(dep.inner) == 6
+    assert len(dep.inner) == 3
     sim_dir = simulated(tmp_path, overrides)
     assert_same_run(run_dir, sim_dir)
     assert_same_states(dep, run_dir, sim_dir)
