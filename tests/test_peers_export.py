@@ -74,3 +74,33 @@ def test_epoch_batches_cover_each_epoch() -> None:
     batches = list(common.epoch_batches(25, 10, 7, generator))
     assert [len(b) for b in batches] == [10, 10, 5, 10, 10, 5, 10]
     assert sorted(torch.cat(batches[:3]).tolist()) == list(range(25))  # an epoch is a permutation
+
+
+@pytest.mark.skipif(not (workload.REPO_DATA / "MNIST" / "raw").is_dir(), reason="shared MNIST test split absent")
+def test_mnist_cnn_workload_exports_hfls_devices_and_cnn(tmp_path: Path) -> None:
+    """The GPU comparison's workload: MNIST images kept in their shape, and the peers' model is
+    hfl's CNN holding hfl's initial weights (the same outputs as hfl's model)."""
+    from hfl.data import build_federation
+    from hfl.models import build_model
+    from hfl.runtime.build import initial_model
+
+    small = ["topology.devices_per_team=5"]
+    sizes = export.export(tmp_path / "cnn.npz", small, name="mnist_cnn")
+    cfg = export.hfl_config([*workload.hfl_overrides(workload.ROUNDS, "mnist_cnn"), *small])
+    fed = build_federation(cfg["dataset"], cfg["topology"], int(cfg["seed"]))
+    read = common.Federation(tmp_path / "cnn.npz")
+    assert sizes["model"] == read.model == "cnn" and read.input_shape == (1, 28, 28) == fed.input_shape
+    assert read.devices == 10 and sizes["per_round"] == 2  # sample_fraction 0.2 of the devices
+    for d in range(read.devices):
+        for split in ("train", "test"):
+            x, y = read.device(d, split)
+            assert torch.equal(x, getattr(fed.devices[d], f"x_{split}")) and torch.equal(y, getattr(fed.devices[d], f"y_{split}"))
+    model = read.build_model()
+    expected = initial_model(cfg, fed)
+    assert len(read.init) == len(expected) == len(list(model.parameters())) == 8
+    hfl_model = build_model(cfg["model"], fed.input_shape, fed.num_classes)
+    with torch.no_grad():
+        for p, value in zip(hfl_model.parameters(), expected, strict=True):
+            p.copy_(torch.from_numpy(value))
+    x, _ = read.device(0, "test")
+    assert type(model) is type(hfl_model) and torch.equal(model(x), hfl_model(x))

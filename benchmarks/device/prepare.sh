@@ -21,6 +21,11 @@ for spec in $specs; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     $platforms -d .whl "$spec" 2>&1 | grep -v WARNING || true
 done
+# pfl-research and what it needs beyond the image, for the GPU peer comparison (benchmarks/device/peers_gpu.sh).
+for spec in pfl==0.6.0 dp-accounting==0.5.1 dm-tree==0.1.10 prv-accountant==0.2.0 multiprocess==0.70.19; do
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    $platforms -d .whl "$spec" 2>&1 | grep -v WARNING || true
+done
 .venv/bin/pip wheel -q --no-deps -w .whl "$(versions antlr4-python3-runtime)"  # an sdist only
 ray=$(versions ray); tmp=$(mktemp -d)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -37,13 +37,13 @@ HERE = Path(__file__).resolve().parent
 
 
 class DeviceClient(NumPyClient):
-    """One device: receives the global MCLR, runs local_steps SGD steps at batch_size, returns
+    """One device: receives the global model, runs local_steps SGD steps at batch_size, returns
     the model and its training-set size (FedAvg's weight)."""
 
     def __init__(self, device: int) -> None:
         self.device = device
         self.fed = common.cached_federation(os.environ[DATA_ENV])  # once per actor process
-        self.model = common.MCLR(self.fed.num_features, self.fed.num_classes)
+        self.model = self.fed.build_model()
 
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         meta = self.fed.meta
@@ -67,7 +67,7 @@ def client_fn(context: Context) -> Client:
 
 def make_server_app(rounds: int, clock: list[float], final: dict[str, float]) -> ServerApp:
     test = common.Federation(os.environ[DATA_ENV], ("test",))
-    evaluator = common.MCLR(test.num_features, test.num_classes)
+    evaluator = test.build_model()
     x_test, y_test = test.union("test")
 
     def evaluate_fn(server_round: int, parameters: NDArrays,

@@ -1,12 +1,15 @@
-"""What the peers share: reading the exported federation, the MCLR model, the device's epoch
-order, and the one line of results each peer prints. Needs numpy and torch only (it runs in the
-peers' own virtual environments, without hfl).
+"""What the peers share: reading the exported federation, the model, the device's epoch order,
+and the one line of results each peer prints. Needs numpy and torch only (it runs in the peers'
+own virtual environments, without hfl installed): MCLR is written here; any other model is hfl's
+own class, imported from the repository's ``hfl/models`` (which needs torch alone).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -25,23 +28,45 @@ class Federation:
         with np.load(path) as f:
             self.meta = {k: f[k].item() for k in ("devices", "per_round", "local_steps", "batch_size", "seed",
                                                   "learning_rate", "num_classes")}
-            self.init = [f["init_weight"], f["init_bias"]]
+            self.init = [f[f"init_{i}"] for i in range(int(f["num_init"]))]
+            self.input_shape = tuple(int(v) for v in f["input_shape"])
+            self.model = str(f["model"])
             self.arrays = {}
             for split in splits:  # a process reads only the splits it needs (the server: test)
                 self.arrays[split] = (torch.from_numpy(f[f"x_{split}"]), torch.from_numpy(f[f"y_{split}"]),
                                       f[f"{split}_offsets"])
         self.devices = int(self.meta["devices"])
-        self.num_features = int(self.init[0].shape[1])
+        self.num_features = math.prod(self.input_shape)
         self.num_classes = int(self.meta["num_classes"])
 
     def device(self, d: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
         x, y, offsets = self.arrays[split]
-        return x[offsets[d]:offsets[d + 1]], y[offsets[d]:offsets[d + 1]]
+        return x[offsets[d]:offsets[d + 1]].view(-1, *self.input_shape), y[offsets[d]:offsets[d + 1]]
 
     def union(self, split: str = "test") -> tuple[torch.Tensor, torch.Tensor]:
         """Every device's ``split`` together (the central evaluator's data)."""
         x, y, _ = self.arrays[split]
-        return x, y
+        return x.view(-1, *self.input_shape), y
+
+    def to(self, device: torch.device | str) -> None:
+        """Move every split's samples to ``device`` (a GPU peer slices its batches there)."""
+        self.arrays = {split: (x.to(device), y.to(device), offsets) for split, (x, y, offsets) in self.arrays.items()}
+
+    def build_model(self) -> nn.Module:
+        """The workload's model, with hfl's initial weights."""
+        if self.model == "mclr":
+            model = MCLR(self.num_features, self.num_classes)
+        else:  # hfl's own class (hfl/models needs torch alone)
+            repo = str(Path(__file__).resolve().parents[2])
+            if repo not in sys.path:
+                sys.path.insert(0, repo)
+            from hfl.models import build_model
+
+            model = build_model({"name": self.model}, self.input_shape, self.num_classes)
+        with torch.no_grad():
+            for p, value in zip(model.parameters(), self.init, strict=True):
+                p.copy_(torch.from_numpy(value))
+        return model
 
     def size(self, d: int, split: str = "train") -> int:
         offsets = self.arrays[split][2]
@@ -70,7 +95,7 @@ class MCLR(nn.Module):
         self.fc = nn.Linear(num_features, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(self.fc(x), dim=1)
+        return torch.log_softmax(self.fc(x.flatten(1)), dim=1)
 
 
 def epoch_batches(n: int, batch_size: int, count: int, generator: torch.Generator) -> Iterator[torch.Tensor]:

@@ -12,7 +12,9 @@ The file holds, for D devices (id d = row d of the offsets):
 - ``x_train`` float32 [N, F], ``y_train`` int64 [N], ``train_offsets`` int64 [D + 1]: device d's
   training samples are rows ``train_offsets[d]:train_offsets[d + 1]``; the same for ``x_test``,
   ``y_test``, ``test_offsets`` (its test split);
-- ``init_weight`` [C, F] and ``init_bias`` [C]: the initial MCLR model (torch ``nn.Linear`` layout);
+  (inputs flattened; ``input_shape`` gives a sample's shape);
+- ``init_0`` … ``init_{num_init - 1}``: the initial model's tensors in the order of its
+  ``parameters()`` (MCLR: ``fc.weight`` [C, F], ``fc.bias`` [C]), and ``model``, hfl's name for it;
 - the workload's numbers: ``devices``, ``per_round``, ``local_steps``, ``batch_size``,
   ``learning_rate``, ``seed``, ``num_classes``.
 """
@@ -59,8 +61,12 @@ def federation_arrays(cfg: Mapping) -> dict[str, np.ndarray]:
     for split in ("train", "test"):
         sizes = [len(y) for y in parts[f"y_{split}"]]
         arrays[f"{split}_offsets"] = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    weight, bias = initial_model(cfg, fed)  # MCLR: fc.weight [C, F], fc.bias [C]
-    arrays["init_weight"], arrays["init_bias"] = np.asarray(weight, np.float32), np.asarray(bias, np.float32)
+    init = initial_model(cfg, fed)  # the model's parameters() in order (MCLR: fc.weight [C, F], fc.bias [C])
+    for i, value in enumerate(init):
+        arrays[f"init_{i}"] = np.asarray(value, np.float32)
+    arrays["num_init"] = np.array(len(init))
+    arrays["input_shape"] = np.array(fed.input_shape, np.int64)
+    arrays["model"] = np.array(str(cfg["model"]["name"]))
     arrays["x_train"] = arrays["x_train"].astype(np.float32, copy=False).reshape(len(arrays["y_train"]), -1)
     arrays["x_test"] = arrays["x_test"].astype(np.float32, copy=False).reshape(len(arrays["y_test"]), -1)
     arrays["y_train"], arrays["y_test"] = arrays["y_train"].astype(np.int64), arrays["y_test"].astype(np.int64)
@@ -68,12 +74,12 @@ def federation_arrays(cfg: Mapping) -> dict[str, np.ndarray]:
     return arrays
 
 
-def export(out: Path, overrides: list[str] | None = None) -> dict[str, int]:
-    """Write the workload's federation to ``out`` (an uncompressed ``.npz``: the peers load it
+def export(out: Path, overrides: list[str] | None = None, name: str = workload.DEFAULT) -> dict[str, int]:
+    """Write workload ``name``'s federation to ``out`` (an uncompressed ``.npz``: the peers load it
     in every worker, and decompressing would be their cost, not the framework's); its sizes.
     ``overrides`` go after the workload's (tests export a small federation)."""
     # The data do not depend on the rounds.
-    cfg = hfl_config([*workload.hfl_overrides(workload.ROUNDS), *(overrides or [])])
+    cfg = hfl_config([*workload.hfl_overrides(workload.ROUNDS, name), *(overrides or [])])
     arrays = federation_arrays(cfg)
     algorithm = cfg["algorithm"]
     meta = {"devices": len(arrays["train_offsets"]) - 1,
@@ -85,14 +91,16 @@ def export(out: Path, overrides: list[str] | None = None) -> dict[str, int]:
     np.savez(tmp, **arrays, **{k: np.array(v) for k, v in meta.items()},
              learning_rate=np.array(float(algorithm["alpha"])))
     tmp.replace(out)  # a killed export leaves no half file for the next run to trust
-    return {**meta, "train_samples": int(arrays["train_offsets"][-1]), "test_samples": int(arrays["test_offsets"][-1])}
+    return {**meta, "model": str(cfg["model"]["name"]), "train_samples": int(arrays["train_offsets"][-1]),
+            "test_samples": int(arrays["test_offsets"][-1])}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the .npz to write")
+    parser.add_argument("--workload", choices=sorted(workload.WORKLOADS), default=workload.DEFAULT)
     args = parser.parse_args()
-    print(export(args.out))
+    print(export(args.out, name=args.workload))
 
 
 if __name__ == "__main__":

@@ -40,14 +40,23 @@ from pfl.callback.central_evaluation import CentralEvaluationCallback  # noqa: E
 from pfl.data.federated_dataset import FederatedDataset  # noqa: E402
 from pfl.data.pytorch import PyTorchTensorDataset  # noqa: E402
 from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams  # noqa: E402
+from pfl.internal.ops.pytorch_ops import get_default_device  # noqa: E402
 from pfl.metrics import Metrics, Weighted  # noqa: E402
 from pfl.model.pytorch import PyTorchModel  # noqa: E402
 
 ACCURACY = "Central val | accuracy"  # CentralEvaluationCallback's default name for our "accuracy"
 
 
-class PflMCLR(common.MCLR):
-    """MCLR with the two methods pfl's PyTorchModel calls: ``loss`` to train, ``metrics`` to evaluate."""
+class PflModule(torch.nn.Module):
+    """The workload's model with the two methods pfl's PyTorchModel calls: ``loss`` to train,
+    ``metrics`` to evaluate."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.train()
@@ -136,10 +145,9 @@ def main() -> None:
     meta = fed.meta
     seed, steps = int(meta["seed"]), int(meta["local_steps"])
     torch.manual_seed(seed)
-    module = PflMCLR(fed.num_features, fed.num_classes)
-    with torch.no_grad():
-        for p, value in zip(module.parameters(), fed.init):
-            p.copy_(torch.from_numpy(value))
+    module = PflModule(fed.build_model())
+    device = get_default_device()  # pfl's choice: CUDA when torch sees a GPU (PFL_PYTORCH_DEVICE overrides)
+    fed.to(device)  # every device's data on it once, as hfl keeps them: a batch is then a slice, not a copy
     model = PyTorchModel(model=module, local_optimizer_create=torch.optim.SGD,
                          central_optimizer=torch.optim.SGD(module.parameters(), lr=1.0))
 
@@ -185,7 +193,8 @@ def main() -> None:
         raise SystemExit(f"pfl: {len(clock.clock) - 1} of {args.rounds} rounds, central accuracy "
                          f"{clock.accuracy}: the run failed")
     common.report("pfl-research", list(np.diff(clock.clock)), clock.accuracy, total_seconds=total,
-                  startup_seconds=clock.clock[0] - start, workers=int(os.environ.get("WORLD_SIZE", "1")))
+                  startup_seconds=clock.clock[0] - start, workers=int(os.environ.get("WORLD_SIZE", "1")),
+                  device=str(device))
 
 
 if __name__ == "__main__":
