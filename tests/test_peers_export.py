@@ -57,14 +57,11 @@ def test_initial_model_and_workload(exported: tuple[Path, dict, dict]) -> None:
     assert read.meta["learning_rate"] == pytest.approx(workload.LEARNING_RATE)
     assert read.meta["seed"] == workload.SEED
     # The same MCLR: the peers' module with hfl's initial weights gives hfl's model's outputs.
-    model = common.MCLR(read.num_features, read.num_classes)
-    with torch.no_grad():
-        for p, value in zip(model.parameters(), read.init):
-            p.copy_(torch.from_numpy(value))
+    model = read.build_model()
     x, _ = read.device(0, "test")
     from hfl.models import build_model
 
-    hfl_model = build_model(cfg["model"], (read.num_features,), read.num_classes)
+    hfl_model = build_model(cfg["model"], read.input_shape, read.num_classes)
     hfl_model.load_state_dict({"fc.weight": torch.from_numpy(read.init[0]), "fc.bias": torch.from_numpy(read.init[1])})
     assert torch.allclose(model(x), hfl_model(x))
 

@@ -17,12 +17,9 @@ specs=$(versions flwr hydra-core omegaconf grpcio grpcio-health-checking protobu
   cryptography cffi pycparser tomli tomli-w jsonschema jsonschema-specifications referencing rpds-py mako sqlalchemy \
   alembic fastapi pydantic pydantic-core starlette typing-inspection annotated-types wcwidth)
 platforms="--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
-for spec in $specs; do
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    $platforms -d .whl "$spec" 2>&1 | grep -v WARNING || true
-done
 # pfl-research and what it needs beyond the image, for the GPU peer comparison (benchmarks/device/peers_gpu.sh).
-for spec in pfl==0.6.0 dp-accounting==0.5.1 dm-tree==0.1.10 prv-accountant==0.2.0 multiprocess==0.70.19; do
+specs="$specs pfl==0.6.0 dp-accounting==0.5.1 dm-tree==0.1.10 prv-accountant==0.2.0 multiprocess==0.70.19"
+for spec in $specs; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     $platforms -d .whl "$spec" 2>&1 | grep -v WARNING || true
 done

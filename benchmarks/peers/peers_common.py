@@ -1,13 +1,12 @@
 """What the peers share: reading the exported federation, the model, the device's epoch order,
 and the one line of results each peer prints. Needs numpy and torch only (it runs in the peers'
-own virtual environments, without hfl installed): MCLR is written here; any other model is hfl's
-own class, imported from the repository's ``hfl/models`` (which needs torch alone).
+own virtual environments, without hfl installed): the model is hfl's own class, imported from the
+repository's ``hfl/models``, which needs torch alone.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import sys
 from collections.abc import Iterator, Sequence
@@ -16,6 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for hfl/models
+from hfl.models import build_model  # noqa: E402 - torch and hfl.errors only
 
 RESULT_PREFIX = "PEER_RESULT "  # the driver finds the peer's results by this prefix on stdout
 
@@ -36,7 +38,6 @@ class Federation:
                 self.arrays[split] = (torch.from_numpy(f[f"x_{split}"]), torch.from_numpy(f[f"y_{split}"]),
                                       f[f"{split}_offsets"])
         self.devices = int(self.meta["devices"])
-        self.num_features = math.prod(self.input_shape)
         self.num_classes = int(self.meta["num_classes"])
 
     def device(self, d: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,16 +54,8 @@ class Federation:
         self.arrays = {split: (x.to(device), y.to(device), offsets) for split, (x, y, offsets) in self.arrays.items()}
 
     def build_model(self) -> nn.Module:
-        """The workload's model, with hfl's initial weights."""
-        if self.model == "mclr":
-            model = MCLR(self.num_features, self.num_classes)
-        else:  # hfl's own class (hfl/models needs torch alone)
-            repo = str(Path(__file__).resolve().parents[2])
-            if repo not in sys.path:
-                sys.path.insert(0, repo)
-            from hfl.models import build_model
-
-            model = build_model({"name": self.model}, self.input_shape, self.num_classes)
+        """The workload's model (hfl's class), with hfl's initial weights."""
+        model = build_model({"name": self.model}, self.input_shape, self.num_classes)
         with torch.no_grad():
             for p, value in zip(model.parameters(), self.init, strict=True):
                 p.copy_(torch.from_numpy(value))
@@ -84,18 +77,6 @@ def cached_federation(path: str | Path, splits: Sequence[str] = ("train",)) -> F
     if key not in _CACHED:
         _CACHED[key] = Federation(path, splits)
     return _CACHED[key]
-
-
-class MCLR(nn.Module):
-    """Multinomial logistic regression as hfl builds it: Linear(F -> C), log-softmax outputs,
-    trained on the mean negative log-likelihood."""
-
-    def __init__(self, num_features: int, num_classes: int) -> None:
-        super().__init__()
-        self.fc = nn.Linear(num_features, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(self.fc(x.flatten(1)), dim=1)
 
 
 def epoch_batches(n: int, batch_size: int, count: int, generator: torch.Generator) -> Iterator[torch.Tensor]:

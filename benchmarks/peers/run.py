@@ -58,7 +58,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 HFL_PYTHON = REPO / ".venv" / "bin" / "python"
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # peers_*.py, and benchmarks/reproduce_table1.py
 import peers_workload as workload  # noqa: E402 - benchmarks/peers/ is no package; plain Python
 
 PFL_VERSION = "0.6.0"  # pfl-research's newest release on the registry (2026-10)
@@ -247,15 +247,12 @@ def hfl_round_seconds(run_dir: Path, rounds: int) -> list[float]:
     return [first, *(ends[r] - ends[r - 1] for r in range(2, rounds + 1))]
 
 
-def hfl_command(here: bool) -> list[str]:
-    """``hfl-simulate``: the repository's venv's, or this interpreter's module (``--here``)."""
-    return [sys.executable, "-m", "hfl.runtime.simulate"] if here else [str(REPO / ".venv" / "bin" / "hfl-simulate")]
+def run_hfl(runtime: str, rounds: int, work: Path, name: str = workload.DEFAULT, device: str = "cpu") -> Result:
+    from reproduce_table1 import tool  # benchmarks/ (on the path); hfl's interpreter by now: it imports yaml
 
-
-def run_hfl(runtime: str, rounds: int, work: Path, name: str = workload.DEFAULT, device: str = "cpu",
-            here: bool = False) -> Result:
     run_dir = work / f"hfl-{runtime}"
-    command = [*hfl_command(here), *workload.hfl_overrides(rounds, name), f"runtime={runtime}",
+    # hfl-simulate beside this interpreter (the repository's .venv), else its module (--here on a GPU machine)
+    command = [*tool("hfl-simulate", "hfl.runtime.simulate"), *workload.hfl_overrides(rounds, name), f"runtime={runtime}",
                f"runtime.device={device}", f"hydra.run.dir={run_dir}", "overwrite=true"]
     _, peak, wall, others = run_child(command, work / f"hfl-{runtime}.log")
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -367,7 +364,7 @@ def main() -> None:
             out.mkdir(exist_ok=True)
             if name.startswith("hfl-"):
                 result = run_hfl("simulation" if name == "hfl-ray" else "inprocess", args.rounds, out,
-                                 args.workload, args.device, args.here)
+                                 args.workload, args.device)
             else:
                 result = run_peer(name, pythons[name], data, args.rounds, out, args.device)
             print(f"  {result.seconds_per_round:.3f} s/round, {result.peak_gib:.2f} GiB, "
