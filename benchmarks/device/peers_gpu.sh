@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # Issue 38's GPU comparison, for a lent GPU machine (the device tool): hfl in process and
 # pfl-research in one process, both training the MNIST CNN peer workload on the GPU
-# (benchmarks/peers/run.py --workload mnist_cnn --device cuda), 30 rounds; the table and every
-# run's rounds go to $OUT. Here first: bash benchmarks/device/prepare.sh (wheels and MNIST); then
-# the device tool's run with carry [".whl", ".gpudata"] and the command
+# (benchmarks/peers/run.py --workload mnist_cnn --device cuda), 30 rounds; the table, every
+# run's rounds and the GPU's memory over the runs go to $OUT. Here first:
+# bash benchmarks/device/prepare.sh (wheels and MNIST); then the device tool's run with carry
+# [".whl", ".gpudata"] (no Ray: both run in process) and the command
 #     bash benchmarks/device/peers_gpu.sh [ROUNDS]
-# About 5 minutes of device time with the machine's start (estimated from the CPU runs; not yet run on a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source benchmarks/device/setup.sh
 out=${OUT:-/tmp/peers-gpu}
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader,nounits -lms 250 > "$out/gpu_memory.csv" &
+sampler=$!
 python3 benchmarks/peers/run.py --here --workload mnist_cnn --device cuda --only hfl-inprocess,pfl-1 \
   --rounds "${1:-30}" --cache /tmp/hfl-peers --json "$out/peers_gpu.json" 2>&1 | tee "$out/peers_gpu.log"
+kill "$sampler"
+python3 benchmarks/device/gpu_memory.py "$out/gpu_memory.csv" | tee -a "$out/peers_gpu.log"

@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
 # Run here, in the repository root, before using a lent GPU machine (device tool). Its image has
 # torch but neither Flower, Hydra nor Ray, and reaches no package index: this fetches their
-# wheels for its Python (3.12, x86-64) into .whl/ and MNIST's test split into .gpudata/, both
-# ignored by git and carried with `carry: [".whl", ".gpudata"]` (64 MiB in all: Ray's wheel is
-# trimmed of its Java jar and its rllib/serve/llm/tune/train/data folders, so the tree, the wheels and the data stay under the 64 MiB a call carries). There, start every
-# command with `source benchmarks/device/setup.sh`.
+# wheels for its Python (3.12, x86-64) into .whl/, a trimmed Ray into .whl-ray/ and MNIST's test
+# split into .gpudata/, all three ignored by git. A call carries what it needs (the device tool
+# carries at most 64 MiB, the working tree included): `carry: [".whl", ".gpudata"]` for runs
+# without Ray (in process: the GPU peer comparison, benchmarks/device/peers_gpu.sh, and the Table 1
+# sweep, table1_gpu.sh), 30 MB with the tree; add ".whl-ray" (34 MB: Ray's wheel less its Java
+# jar and its rllib/serve/llm/tune/train/data folders) for Ray, which with the tree came to 68 MB
+# on 2026-11-28, over the limit. There, start every command with
+# `source benchmarks/device/setup.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-grep -qx '/.whl/' .git/info/exclude 2>/dev/null || printf '/.whl/\n/.gpudata/\n' >> .git/info/exclude
-mkdir -p .whl .gpudata/MNIST/raw
+for ignored in /.whl/ /.whl-ray/ /.gpudata/; do
+  grep -qx "$ignored" .git/info/exclude 2>/dev/null || echo "$ignored" >> .git/info/exclude
+done
+mkdir -p .whl .whl-ray .gpudata/MNIST/raw
+rm -f .whl/ray_trim.zip  # where an earlier version of this script put it
 cp ../shared/data/MNIST/raw/*.gz .gpudata/MNIST/raw/
 versions() { .venv/bin/pip show "$@" 2>/dev/null | awk '/^Name/{n=$2}/^Version/{print n"=="$2}'; }
 # What `import hfl.runtime.simulate` and a Ray team actor load that the image lacks (found by listing
@@ -29,6 +36,6 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   $platforms -d "$tmp" "$ray" 2>&1 | grep -v WARNING || true
 python3 -m zipfile -e "$tmp"/ray-*.whl "$tmp/trim"
 (cd "$tmp/trim" && rm -rf ray/jars ray/dashboard/client/build ray/rllib ray/serve ray/llm ray/tune ray/train ray/data)
-python3 -c "import shutil, sys; shutil.make_archive(sys.argv[1], 'zip', sys.argv[2])" .whl/ray_trim "$tmp/trim"
+python3 -c "import shutil, sys; shutil.make_archive(sys.argv[1], 'zip', sys.argv[2])" .whl-ray/ray_trim "$tmp/trim"
 rm -rf "$tmp"
-du -sh .whl .gpudata
+du -sh .whl .whl-ray .gpudata
