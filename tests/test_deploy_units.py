@@ -151,14 +151,18 @@ def test_roles_must_match_their_superlink() -> None:
 def test_role_commands(tmp_path) -> None:
     paths = make_tls(tmp_path, ["edge-1"])
     tls = roles.ServerTls.from_dir(tmp_path)
-    link, bridge = roles.node_role("1.0", "region:9192", "/w", tls=tls, parent_ca="/g/ca.crt")
+    link, gate, bridge = roles.node_role("1.0", "region:9192", "/w", tls=tls, parent_ca="/g/ca.crt")
     assert link[:1] == ["flower-superlink"] and "--insecure" not in link
+    # The SuperLink (run submission) on loopback; its children reach the Fleet gate on the role's port.
+    assert link[link.index("--host") + 1] == "127.0.0.1" and link[link.index("--port") + 1] == "9193"
+    assert gate[1:] == ["-m", "hfl.deploy.gate", "--host", "0.0.0.0", "--port", "9192", "--upstream", "127.0.0.1:9193",
+                        "--tls", str(tmp_path)]
     assert link[link.index("--ssl-certfile") + 1] == str(paths["cert"])
     assert link[link.index("--database") + 1] == "/w/superlink.db"  # started again, it knows its SuperNodes
     assert bridge[bridge.index("--superlink") + 1] == "region:9192"
     assert bridge[bridge.index("--root-certificates") + 1] == "/g/ca.crt"
     assert bridge[bridge.index("--node-config") + 1] == (
-        f'role="node" path="1.0" node-superlink="127.0.0.1:9192" node-root-certificates="{paths["ca"]}" '
+        f'role="node" path="1.0" node-superlink="127.0.0.1:9193" node-root-certificates="{paths["ca"]}" '
         'work-dir="/w"'
     )
     device, worker = roles.device_role(7, "edge-1:9192", node_port=9300, state_dir="/s")
@@ -262,7 +266,10 @@ def test_compose_files_wire_the_topology_they_submit(name) -> None:
     overrides = [o for o in submit.overrides if not o.startswith("global_rounds")]
     tree = federation_for(compose_config(shlex.join([*overrides, "runtime=deployment"]), 0)).tree
     roots = [s for s, a in services.items() if a.command == "global"]
-    assert len(roots) == 1 and submit.superlink == f"{roots[0]}:{services[roots[0]].port}"
+    # Submitted on the root's host (its network), to its SuperLink's loopback port: never through the gate.
+    assert len(roots) == 1 and submit.superlink == f"127.0.0.1:{services[roots[0]].port + 1}"
+    assert compose["services"]["submit"]["network_mode"] == f"service:{roots[0]}"
+    assert all(a.control_host == "127.0.0.1" for a in services.values() if a.command in ("global", "node", "team"))
     host_of = {"": roots[0]}
     for service, args in services.items():
         if args.command in ("node", "team"):

@@ -201,9 +201,8 @@ def test_killed_device_is_counted_and_rejoins(tmp_path: Path) -> None:
     overrides = [*BASE, "global_rounds=3", "eval_every=3", "algorithm.team_rounds=1", "algorithm.min_fit_fraction=0.5"]
     def kill_then_restart(dep: Deployment, out: Path):
         victim = dep.tree.devices("0")[0]
-        cmd = [sys.executable, "-m", "hfl.deploy.cli", "submit", "--superlink", dep.global_address,
-               "--output-dir", str(out), *overrides, "runtime=deployment", "runtime.device_wait_seconds=20",
-               "runtime.team_round_timeout=45"]
+        cmd = dep.submit_command(out, *overrides, "runtime=deployment", "runtime.device_wait_seconds=20",
+               "runtime.team_round_timeout=45")
         submit = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         work = dep.root / "node-0-work"
         _wait_until(lambda: any(work.glob("run-*")), 300)
@@ -237,8 +236,7 @@ def test_a_node_server_killed_mid_round_is_started_again_and_the_run_ends_as_if_
     killed: list[int] = []
 
     def kill_mid_round(dep: Deployment, out: Path):
-        cmd = [sys.executable, "-m", "hfl.deploy.cli", "submit", "--superlink", dep.global_address,
-               "--output-dir", str(out), *overrides, "runtime=deployment", "runtime.device_wait_seconds=30"]
+        cmd = dep.submit_command(out, *overrides, "runtime=deployment", "runtime.device_wait_seconds=30")
         submit = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         devices = dep.tree.devices("0")
 
@@ -277,7 +275,7 @@ def asked_round(work: Path, global_round: int) -> bool:
 
 def kill_root_serverapp(dep: Deployment) -> list[int]:
     """SIGKILL the flwr-serverapp process of the root's run (started by the global SuperLink)."""
-    found = subprocess.run(["pgrep", "-f", f"flwr-serverapp.*127.0.0.1:{dep.ports['global']}"], capture_output=True,
+    found = subprocess.run(["pgrep", "-f", f"flwr-serverapp.*127.0.0.1:{dep.ports['control-global']}"], capture_output=True,
                            text=True, check=False).stdout.split()
     for pid in found:
         os.kill(int(pid), signal.SIGKILL)
@@ -295,9 +293,8 @@ def test_every_kind_of_process_killed_mid_round_and_started_again_ends_as_never_
     crashes: list[str] = []
 
     def chaos(dep: Deployment, out: Path):
-        cmd = [sys.executable, "-m", "hfl.deploy.cli", "submit", "--superlink", dep.global_address,
-               "--output-dir", str(out), "--run-name", "chaos", *overrides, "runtime=deployment",
-               "runtime.device_wait_seconds=60"]
+        cmd = dep.submit_command(out, "--run-name", "chaos", *overrides, "runtime=deployment",
+               "runtime.device_wait_seconds=60")
         submit = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         node0 = dep.root / "node-0-work"
 
@@ -350,8 +347,7 @@ def test_a_slow_link_cut_mid_round_delays_the_run_and_changes_nothing(tmp_path: 
     overrides = [*BASE, "global_rounds=3", "eval_every=3", "algorithm.team_rounds=1"]
 
     def cut_mid_round(dep: Deployment, out: Path):
-        cmd = [sys.executable, "-m", "hfl.deploy.cli", "submit", "--superlink", dep.global_address,
-               "--output-dir", str(out), *overrides, "runtime=deployment", "runtime.device_wait_seconds=30"]
+        cmd = dep.submit_command(out, *overrides, "runtime=deployment", "runtime.device_wait_seconds=30")
         submit = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         node0 = dep.root / "node-0-work"
         _wait_until(lambda: any(asked_round(w, 2) for w in node0.glob("run-*")), 600)
@@ -384,15 +380,17 @@ def test_supernode_auth_admits_only_registered_nodes(tmp_path: Path) -> None:
     a registered device connects, an unregistered one is refused."""
     paths = make_tls(tmp_path / "tls", ["localhost"])
     tls = ServerTls(paths["ca"], paths["cert"], paths["key"])
-    link_port, good_port, bad_port = free_ports(3)
+    link_port, control_port, good_port, bad_port = free_ports(4)
     good, good_pub = make_node_key(tmp_path / "keys", "good")
     bad, _ = make_node_key(tmp_path / "keys", "bad")
     dep = Deployment(tmp_path, from_teams([[0]]))
     try:
-        (link,) = roles.global_role("127.0.0.1", link_port, tls, supernode_auth=True)
+        link, gate = roles.global_role("127.0.0.1", link_port, tls, supernode_auth=True, control=control_port)
         dep.start_process("link", link)
+        dep.start_process("gate", gate)
         wait_port(link_port)
-        control = ControlClient(f"127.0.0.1:{link_port}", str(tls.ca), tmp_path / "home", Path("."))
+        wait_port(control_port)
+        control = ControlClient(f"127.0.0.1:{control_port}", str(tls.ca), tmp_path / "home", Path("."))
         control.register_supernode(good_pub)
         for name, key, port in (("good", good, good_port), ("bad", bad, bad_port)):
             cmd, _ = roles.device_role(0, f"127.0.0.1:{link_port}", node_port=port, node_ca=tls.ca, auth_key=key)

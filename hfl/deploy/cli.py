@@ -1,17 +1,21 @@
 """hfl-deploy: start the roles of a deployment and submit runs to it.
 
-    hfl-deploy global [--port 9092] [--tls DIR]                          # cloud host
+    hfl-deploy global [--port 9092] [--tls DIR]                          # cloud host: Fleet gate :9092, SuperLink 127.0.0.1:9093
     hfl-deploy node --path 0.1 --parent HOST:9192 --work-dir DIR [--port 9192] ...  # each inner node's host
     hfl-deploy team --team-id 0 --global HOST:9092 --work-dir DIR ...      # = node --path 0 --parent HOST:9092
     hfl-deploy device --device-id 3 --parent HOST:9192 [--node-port 9094]  # each device
-    hfl-deploy submit --superlink HOST:9092 --output-dir /abs/out [--run-name N] [OVERRIDES...]
+    hfl-deploy submit --superlink 127.0.0.1:9093 --output-dir /abs/out [--run-name N] [OVERRIDES...]  # on the root's host
     hfl-deploy simulate [--output-dir DIR] [OVERRIDES...]                 # `flwr run .` on a local simulation SuperLink
     hfl-deploy certs --out DIR --name HOST [--name HOST ...]               # TLS files
     hfl-deploy node-key --out DIR --name device-3                          # SuperNode auth keys
-    hfl-deploy register --superlink HOST:PORT --public-key FILE            # allow a SuperNode
+    hfl-deploy register --superlink 127.0.0.1:PORT --public-key FILE       # allow a SuperNode (on that SuperLink's host)
     hfl-deploy export-data --device-id 3 --out dev3.npz [OVERRIDES...]     # a device's own data file
 
-``--print`` shows the Flower commands a role runs instead of running them.
+Every SuperLink listens on loopback (its control port, --port + 1 unless set): Flower serves run
+submission there, and a run starts code on the host. What its SuperNodes reach on --host:--port is
+hfl's Fleet gate, which forwards Flower's Fleet API and refuses everything else. Submit and register
+on the SuperLink's host, or through a tunnel (ssh -L 9093:127.0.0.1:9093 root-host).
+``--print`` shows the commands a role runs instead of running them.
 """
 
 from __future__ import annotations
@@ -64,13 +68,15 @@ def _tls(args: argparse.Namespace) -> roles.ServerTls | None:
 
 def role_commands(args: argparse.Namespace) -> list[list[str]]:
     if args.command == "global":
-        return roles.global_role(args.host, args.port, _tls(args), args.supernode_auth, args.database)
+        return roles.global_role(args.host, args.port, _tls(args), args.supernode_auth, args.database,
+                                 control=args.control_port, control_host=args.control_host)
     if args.command in ("node", "team"):
         path = args.path if args.command == "node" else str(args.team_id)
         return roles.node_role(
             path, args.parent, args.work_dir, host=args.host, port=args.port,
             node_port=args.node_port, tls=_tls(args), parent_ca=args.parent_ca,
-            supernode_auth=args.supernode_auth, auth_key=args.auth_key,
+            supernode_auth=args.supernode_auth, auth_key=args.auth_key, control=args.control_port,
+            control_host=args.control_host,
         )
     return roles.device_role(
         args.device_id, args.parent, node_port=args.node_port, state_dir=args.state_dir,
@@ -130,8 +136,13 @@ def parser() -> argparse.ArgumentParser:
     for role in (g, n, t, d):
         role.add_argument("--print", action="store_true", help="print the commands instead of running them")
     for link, port in ((g, roles.GLOBAL_PORT), (n, roles.TEAM_PORT), (t, roles.TEAM_PORT)):
-        link.add_argument("--host", default="0.0.0.0", help="address the SuperLink binds")
-        link.add_argument("--port", type=int, default=port, help="the SuperLink's port (all its APIs)")
+        link.add_argument("--host", default="0.0.0.0", help="address the Fleet gate binds (what SuperNodes reach)")
+        link.add_argument("--port", type=int, default=port, help="the Fleet gate's port (Flower's Fleet API only)")
+        link.add_argument("--control-port", type=int, help="the SuperLink's own port, where runs are submitted "
+                                                           "(default: --port + 1)")
+        link.add_argument("--control-host", default=roles.LOOPBACK,
+                          help="address the SuperLink itself binds (default loopback: whoever reaches it can run "
+                               "code on this host)")
         link.add_argument("--tls", help="directory with ca.crt, server.pem, server.key (else insecure)")
         link.add_argument("--supernode-auth", action="store_true", help="only registered SuperNodes may connect")
     g.add_argument("--database", help="the SuperLink's state file (SQLite): started again on it, the SuperLink "
@@ -152,7 +163,9 @@ def parser() -> argparse.ArgumentParser:
         host.add_argument("--work-dir", required=True, help="the node's state, mailbox and FLWR_HOME")
 
     s = sub.add_parser("submit", help="run an experiment on a running deployment")
-    s.add_argument("--superlink", required=True, help="global SuperLink HOST:PORT")
+    s.add_argument("--superlink", default=f"{roles.LOOPBACK}:{roles.control_port(roles.GLOBAL_PORT)}",
+                   help="the global SuperLink's own address, where runs are submitted (default: this host's "
+                        "127.0.0.1:9093, as hfl-deploy global starts it; from elsewhere, through a tunnel)")
     s.add_argument("--root-certificates", help="its CA certificate (TLS)")
     s.add_argument("--output-dir", required=True, help="absolute path on the global host")
     s.add_argument("--app-dir", default=str(PROJECT_DIR), help="the Flower app (this project)")

@@ -21,16 +21,18 @@ FINISHED = "finished:"
 class ControlClient:
     """One SuperLink's Control API, driven through Flower's CLI with a private FLWR_HOME."""
 
-    def __init__(self, address: str, root_certificates: str, home: Path, app_dir: Path) -> None:
+    def __init__(self, address: str, root_certificates: str, home: Path, app_dir: Path,
+                 prefix: list[str] | None = None) -> None:
         self.home = home
         self.app_dir = app_dir
+        self.prefix = prefix or []  # what runs the CLI on the SuperLink's host (a network namespace in tests)
         home.mkdir(parents=True, exist_ok=True)
         ca = str(Path(root_certificates).resolve()) if root_certificates else ""  # the CLI wants it absolute
         (home / "config.toml").write_text(flwr_home_config(CONNECTION, address, ca))
 
     def _cli(self, *args: str, timeout: float = 120) -> dict:
         env = {**os.environ, "FLWR_HOME": str(self.home)}
-        proc = subprocess.run([executable("flwr"), *args, "--format", "json"], capture_output=True, text=True,
+        proc = subprocess.run([*self.prefix, executable("flwr"), *args, "--format", "json"], capture_output=True, text=True,
                               env=env, timeout=timeout, check=False)
         try:
             reply = json.loads(proc.stdout)

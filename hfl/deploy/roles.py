@@ -12,10 +12,18 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-# Default ports (Flower 1.41 serves every API of a SuperLink on one port).
+# Default ports. Flower 1.42 serves every API of a SuperLink on one port, run submission included, so
+# the SuperLink listens on loopback (its control port) and the Fleet gate (hfl.deploy.gate) on the
+# port its SuperNodes reach.
 GLOBAL_PORT = 9092
 TEAM_PORT = 9192
 NODE_PORT = 9094  # a SuperNode's local API; must differ per SuperNode on one host
+LOOPBACK = "127.0.0.1"
+
+
+def control_port(port: int) -> int:
+    """The SuperLink's own (loopback) port behind a gate on ``port``, unless set: the next one."""
+    return port + 1
 
 SUPERLINK_DB = "superlink.db"  # a node host's SuperLink state, in its work dir
 DEFAULT_STATE_DIR = Path.home() / ".cache" / "hfl" / "device-state"  # a device's state-dir unless set
@@ -109,9 +117,30 @@ def supernode_command(
     return cmd
 
 
+def gate_command(host: str, port: int, upstream_port: int, tls: ServerTls | None) -> list[str]:
+    """The Fleet gate on ``host:port`` in front of the SuperLink on loopback ``upstream_port``."""
+    cmd = [sys.executable, "-m", "hfl.deploy.gate", "--host", host, "--port", str(port),
+           "--upstream", f"{LOOPBACK}:{upstream_port}"]
+    return cmd + (["--tls", str(tls.cert.parent)] if tls else [])
+
+
+def fronted_superlink(host: str, port: int, tls: ServerTls | None, supernode_auth: bool,
+                      database: str | Path | None, control: int | None, control_host: str) -> list[list[str]]:
+    """A SuperLink on ``control_host:control`` (loopback unless the operator says otherwise) and,
+    on ``host:port``, the gate that lets its SuperNodes in and nothing else."""
+    control = control_port(port) if control is None else control
+    if control == port:
+        raise ValueError(f"the control port {control} must differ from the Fleet port {port}")
+    return [superlink_command(control_host, control, tls, supernode_auth, database),
+            gate_command(host, port, control, tls)]
+
+
 def global_role(host: str = "0.0.0.0", port: int = GLOBAL_PORT, tls: ServerTls | None = None,
-                supernode_auth: bool = False, database: str | Path | None = None) -> list[list[str]]:
-    return [superlink_command(host, port, tls, supernode_auth, database)]
+                supernode_auth: bool = False, database: str | Path | None = None, *,
+                control: int | None = None, control_host: str = LOOPBACK) -> list[list[str]]:
+    """The root's host: its SuperLink (run submission on ``control_host:control``, loopback by
+    default) and its Fleet gate on ``host:port``."""
+    return fronted_superlink(host, port, tls, supernode_auth, database, control, control_host)
 
 
 def node_role(
@@ -126,19 +155,21 @@ def node_role(
     parent_ca: str | Path | None = None,
     supernode_auth: bool = False,
     auth_key: str | Path | None = None,
+    control: int | None = None,
+    control_host: str = LOOPBACK,
 ) -> list[list[str]]:
     """An inner node's host at ``path`` (any level): its SuperLink for its children (its state in
-    ``work_dir``/superlink.db, so that it can be started again) and the bridge SuperNode toward
-    its parent's SuperLink (hfl.deploy.bridge)."""
-    control = f"127.0.0.1:{port}"  # the bridge reaches its own SuperLink on loopback
+    ``work_dir``/superlink.db, so that it can be started again; submission on loopback
+    ``control``), the Fleet gate its children reach on ``host:port``, and the bridge SuperNode
+    toward its parent's SuperLink (hfl.deploy.bridge)."""
+    link, gate = fronted_superlink(host, port, tls, supernode_auth, Path(work_dir) / SUPERLINK_DB, control,
+                                   control_host)
+    own = control_port(port) if control is None else control
     bridge: dict[str, object] = {
-        "role": "node", "path": path, "node-superlink": control,
+        "role": "node", "path": path, "node-superlink": f"{LOOPBACK}:{own}",  # its own SuperLink, on loopback
         "node-root-certificates": str(tls.ca) if tls else "", "work-dir": str(work_dir),
     }
-    return [
-        superlink_command(host, port, tls, supernode_auth, Path(work_dir) / SUPERLINK_DB),
-        supernode_command(parent_superlink, node_port, bridge, parent_ca, auth_key),
-    ]
+    return [link, gate, supernode_command(parent_superlink, node_port, bridge, parent_ca, auth_key)]
 
 
 def device_role(
