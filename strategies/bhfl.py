@@ -22,7 +22,8 @@ from flwr.common import NDArrays, Parameters, Scalar, parameters_to_ndarrays
 from hfl.rules.steps import sgd_step
 from hfl.rules import nodeopt
 from hfl.rules.aggregate import mean_of
-from hfl.config.checks import check_number, check_number_list
+from hfl.config.checks import check_number_list
+from hfl.rules.personal import check_keys
 from hfl.data import proxy_data
 from hfl.errors import ConfigError
 from hfl.models import build_model
@@ -130,11 +131,13 @@ def check_config(alg: Mapping[str, Any]) -> None:
             spec_for(alg, int(level), direction)
     if not isinstance(alg.get("residual_down"), bool):
         raise ConfigError("algorithm.residual_down", f"must be true or false, got {alg.get('residual_down')!r}")
-    check_number("algorithm.residual_up_k", alg.get("residual_up_k"), integer=True, minimum=0)
+    # Ranges where a value can work, checked even while unused (proxy_samples null, the clock off):
+    # a negative count or rate is a mistake whichever way it is later switched on.
+    check_keys(alg, residual_up_k={"integer": True, "minimum": 0}, proxy_steps={"integer": True, "minimum": 1},
+               proxy_lr={"minimum": 0, "open_min": True}, proxy_staleness={"minimum": 0, "maximum": 1},
+               background_every={"minimum": 0}, background_max={"integer": True, "minimum": 0})
     if alg.get("proxy_samples") is not None:
         check_number_list("algorithm.proxy_samples", alg["proxy_samples"], "sizes per level", integer=True, minimum=0)
-        check_number("algorithm.proxy_steps", alg.get("proxy_steps"), integer=True, minimum=1)
-        check_number("algorithm.proxy_lr", alg.get("proxy_lr"), minimum=0, open_min=True)
 
 
 def check_federation(cfg: Mapping[str, Any], fed) -> None:  # noqa: ANN001 - hfl.data.Federation

@@ -106,6 +106,14 @@ class IfcaServer(ServerRule):
             key = "algorithm.global_model" if alg.get("global_model") else "algorithm.level_models"
             raise ConfigError(key, "IFCA's servers hold K cluster models, none of them a model to test: set it false")
 
+    @classmethod
+    def check_federation(cls, cfg: Mapping[str, Any], fed: Any) -> None:
+        # Each device joins one cluster: with more clusters than devices some are never trained.
+        k, devices = int(cfg["algorithm"]["num_clusters"]), fed.tree.num_devices
+        if k > devices:
+            raise ConfigError("algorithm.num_clusters", f"must be in [1, {devices}] (one cluster per device at most: "
+                                                        f"this federation has {devices} devices), got {k}")
+
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         self.k = int(ctx.alg["num_clusters"])

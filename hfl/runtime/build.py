@@ -14,7 +14,7 @@ from flwr.common import NDArrays
 from flwr.server.client_manager import SimpleClientManager
 
 from hfl.clock.checks import check_clock
-from hfl.clock.model import run_clock
+from hfl.clock.model import read_trace, run_clock
 from hfl.clock.shift import run_shift
 from hfl.clock.policy import LevelPolicy
 from hfl.device.client import DeviceClient
@@ -292,6 +292,7 @@ def check_tree(cfg: Mapping, tree: Tree) -> None:
                                            f"{tree.depth} (levels 0..{tree.depth - 1})")
     load_server(alg).check_federation(cfg, federation_for(cfg))  # e.g. proxy sizes, a validation split
     check_clock(cfg, tree.depth, load_server(alg), federation_for(cfg))  # simulated time (hfl.clock)
+    check_trace(cfg, tree)
     if alg.get("local_labels", False) and float(cfg["dataset"].get("proxy_fraction", 0.0)) > 0:
         raise ConfigError("algorithm.local_labels", "servers' proxy data keeps the dataset's labels; local labels "
                                                     "and dataset.proxy_fraction > 0 do not mix")
@@ -299,6 +300,20 @@ def check_tree(cfg: Mapping, tree: Tree) -> None:
     if level_fraction(alg, 0) != 1.0:
         raise ConfigError("algorithm.sample_fraction", "the root asks every level-1 node (its entry 0 must be 1); "
                                                        "sampling applies from level 1 down")
+
+
+def check_trace(cfg: Mapping, tree: Tree) -> None:
+    """``clock.trace``'s rows name devices of this federation: a row for a device that does not
+    exist (a trace made for another federation) would be ignored, every device keeping its drawn speed."""
+    clock = cfg.get("clock") or {}
+    if not clock.get("enabled", False) or not clock.get("trace"):
+        return
+    devices = set(tree.devices_under(""))
+    foreign = sorted(set(read_trace(clock["trace"])) - devices)
+    if foreign:
+        raise ConfigError("clock.trace", f"{clock['trace']} names device {foreign[0]}"
+                                         f"{f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''}, which this "
+                                         f"federation lacks: its devices are {min(devices)}..{max(devices)}")
 
 
 def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
