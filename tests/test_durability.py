@@ -20,7 +20,7 @@ from hfl.output import recorder as recorder_module
 from hfl.runtime.simulate import run
 from hfl.state import resume
 from hfl.state.resume import CHECKPOINT, PREVIOUS_CHECKPOINT, Checkpoint, read_checkpoint, write_checkpoint
-from hfl.state.store import PREVIOUS, StateStore, atomic_write_bytes
+from hfl.state.store import OLDER, PREVIOUS, StateStore, atomic_write_bytes
 from tests.conftest import compose_cfg
 from tests.test_resume import PERMFL, Killed, _killed_at, assert_same_run
 from tests.test_run_dir import contents
@@ -28,6 +28,7 @@ from tests.test_run_dir import contents
 STATE = Path("state")
 DEVICES = STATE / "devices-0.npz"  # team 0's devices, saved every round
 DEVICES_PREVIOUS = STATE / PREVIOUS / "devices-0.npz"
+DEVICES_OLDER = STATE / OLDER / "devices-0.npz"
 
 
 # ---------------------------------------------------------------- damage, as a torn write or a power cut leaves it
@@ -127,9 +128,16 @@ def test_a_damaged_version_of_the_round_in_progress_is_dropped(runs, tmp_path, h
 
 
 @pytest.mark.parametrize("how", HOW)
-def test_a_damaged_needed_version_with_no_older_checkpoint_to_match_is_refused_naming_it(runs, tmp_path, how):
-    # Round 3's version is needed; checkpoint 2's versions were replaced by round 4's.
+def test_a_damaged_needed_version_mid_round_goes_back_to_the_older_checkpoint(runs, tmp_path, how, caplog):
+    # Round 3's version is needed; round 2's, checkpoint 2's, is kept under older/ (round 4 wrote the newest).
     run_dir, refusal = _resumed(runs, "mid-round", tmp_path, {DEVICES_PREVIOUS: how})
+    _assert_same(run_dir, refusal, runs)
+    assert "resuming after round 2" in caplog.text
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_damaged_needed_version_whose_older_one_is_gone_too_is_refused_naming_it(runs, tmp_path, how):
+    run_dir, refusal = _resumed(runs, "mid-round", tmp_path, {DEVICES_PREVIOUS: how, DEVICES_OLDER: "deleted"})
     _assert_refused(refusal, run_dir, DEVICES_PREVIOUS if how != "deleted" else DEVICES)
 
 
@@ -154,7 +162,8 @@ def test_a_needed_state_without_any_older_one_is_refused_not_started_from_scratc
 
 @pytest.mark.parametrize("killed", ["mid-round", "between"])
 def test_a_state_deleted_with_all_its_versions_is_refused_naming_it(runs, tmp_path, killed):
-    run_dir, refusal = _resumed(runs, killed, tmp_path, {DEVICES: "deleted", DEVICES_PREVIOUS: "deleted"})
+    run_dir, refusal = _resumed(runs, killed, tmp_path, {DEVICES: "deleted", DEVICES_PREVIOUS: "deleted",
+                                                         DEVICES_OLDER: "deleted"})
     _assert_refused(refusal, run_dir, DEVICES)
 
 
@@ -173,8 +182,15 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(runs, tmp_path, how
 
 
 @pytest.mark.parametrize("how", HOW)
-def test_a_damaged_checkpoint_whose_predecessor_the_store_no_longer_matches_is_refused(runs, tmp_path, how):
+def test_a_damaged_checkpoint_after_a_mid_round_kill_falls_back_to_the_previous_one(runs, tmp_path, how):
+    # Killed in round 4: the store keeps round 2's versions (older/) that checkpoint 2 needs.
     run_dir, refusal = _resumed(runs, "mid-round", tmp_path, {CHECKPOINT: how})
+    _assert_same(run_dir, refusal, runs)
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_damaged_checkpoint_whose_predecessor_the_store_no_longer_matches_is_refused(runs, tmp_path, how):
+    run_dir, refusal = _resumed(runs, "mid-round", tmp_path, {CHECKPOINT: how, DEVICES_OLDER: "deleted"})
     _assert_refused(refusal, run_dir, CHECKPOINT)
 
 
@@ -215,7 +231,7 @@ def test_rollback_counts_unreadable_versions_as_absent_and_removes_them(tmp_path
         store.round = rnd
         store.save("k", {"x": np.array([rnd])})
     garble(tmp_path / "k.npz")  # round 3's
-    assert store.versions("k") == [(2, tmp_path / PREVIOUS / "k.npz")]
+    assert store.versions("k") == [(2, tmp_path / PREVIOUS / "k.npz"), (1, tmp_path / OLDER / "k.npz")]
     kept, damaged = store.plan(3)
     assert kept == {"k": (2, tmp_path / PREVIOUS / "k.npz")} and damaged == [tmp_path / "k.npz"]
     assert store.rollback(3) == [tmp_path / "k.npz"]

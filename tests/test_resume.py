@@ -86,13 +86,13 @@ class Killed(BaseException):
 
 
 # ---------------------------------------------------------------- (d) the versioned store
-def test_store_keeps_the_newest_two_rounds_and_load_reads_the_newest(tmp_path):
+def test_store_keeps_the_newest_three_rounds_and_load_reads_the_newest(tmp_path):
     store = StateStore(tmp_path)
     for rnd in (1, 2, 3):
         store.round = rnd
         store.save("device-0", {"x": np.array([rnd])})
     store.save("device-0", {"x": np.array([33])})  # saved again in round 3: the previous one stays round 2
-    assert [r for r, _ in store.versions("device-0")] == [3, 2]
+    assert [r for r, _ in store.versions("device-0")] == [3, 2, 1]  # the older one: checkpoint R-1's
     assert store.load("device-0") == {"x": np.array([33])}  # the tag is not part of the state
     assert version_of(tmp_path / PREVIOUS / "device-0.npz") == 2
     assert sorted(p.name for p in tmp_path.glob("*.npz")) == ["device-0.npz"]  # one file per key, as before
@@ -120,7 +120,7 @@ def test_store_rollback_restores_each_key_to_its_round(tmp_path):
     assert not list(tmp_path.glob(".*.tmp.npz"))
     store.round = 3  # the resumed round 3 saves again
     store.save("node-0", {"x": np.array([30])})
-    assert [r for r, _ in store.versions("node-0")] == [3, 2]
+    assert [r for r, _ in store.versions("node-0")] == [3, 2, 1]  # round 1 stays under older/
     store.rollback(0)
     assert not list(tmp_path.rglob("*.npz"))
 

@@ -5,6 +5,7 @@ and report.md; each row and, at the end, the plots and report.md go to the run's
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -15,7 +16,7 @@ import numpy as np
 from flwr.common import NDArrays
 
 from hfl.output import run_report, tracking
-from hfl.output.console import ROUND, SHOW, round_line
+from hfl.output.console import PROJECT_LOGGERS, ROUND, SHOW, round_line
 from hfl.runtime import interrupts
 from hfl.state.resume import Checkpoint, write_checkpoint
 from hfl.state.store import atomic_savez, atomic_write_bytes
@@ -83,6 +84,27 @@ def rows_up_to(path: Path, key: str, last_round: int) -> list[str]:
     return kept
 
 
+class WarningsKept(logging.Handler):
+    """The warnings the console shows (hfl's own loggers', WARNING and above), once each, for
+    report.md: a run whose figures came with a warning says so where its figures are read."""
+
+    LIMIT = 50
+
+    def __init__(self, into: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name.split(".")[0] not in PROJECT_LOGGERS or getattr(record, SHOW, None) == "file":
+            return
+        try:
+            text = " ".join(record.getMessage().split())
+        except Exception:  # noqa: BLE001 - logging's convention: never raise
+            return
+        if text not in self.into and len(self.into) < self.LIMIT:
+            self.into.append(text)
+
+
 class Recorder:
     """``restore`` (a ``state()`` with its ``round``): go on with a run resumed after that round;
     metrics.jsonl and samples.jsonl are cut back to it (hfl.state.resume). ``tracker``: a started
@@ -104,8 +126,16 @@ class Recorder:
         self.totals = dict.fromkeys(TRAFFIC_KEYS, 0)
         self.failures = 0
         self.fit_test_history: list[float] = []  # per global round: the drawn devices' own test after training
+        # samples.jsonl's rows so far, counted and hashed: the checkpoint records both (resume.check_samples)
+        self.samples_rows, self.samples_hash = 0, hashlib.sha256()
+        self.warnings: list[str] = []  # the console's warnings, for report.md (WarningsKept)
+        root = logging.getLogger()
+        for handler in [h for h in root.handlers if isinstance(h, WarningsKept)]:
+            root.removeHandler(handler)  # left by a run of this process that ended in an error
+        self._kept = WarningsKept(self.warnings)
+        root.addHandler(self._kept)
         if restore is None:
-            self.metrics_path.write_text("")
+            _rewrite(self.metrics_path, [])
             self.samples_path.unlink(missing_ok=True)
             return
         self.round_seconds = list(restore["round_seconds"])
@@ -113,15 +143,25 @@ class Recorder:
         self.totals = dict(restore["totals"])
         self.failures = int(restore["failures"])
         self.fit_test_history = list(restore.get("fit_test_history", []))
+        self.warnings[:0] = restore.get("warnings", [])
         # The checkpoint's lines are the rows of its rounds, written as round_done writes them.
         _rewrite(self.metrics_path, [json.dumps(line) for line in self.lines])
-        _rewrite(self.samples_path, rows_up_to(self.samples_path, "global_round", int(restore["round"])))
+        # Checked against the checkpoint before anything ran (hfl.state.resume.check_samples).
+        samples = rows_up_to(self.samples_path, "global_round", int(restore["round"]))
+        _rewrite(self.samples_path, samples)
+        for line in samples:
+            self._count_sample(line)
 
     def state(self) -> dict:
         """What a resumed run's recorder needs (hfl.state.resume)."""
         return {"round_seconds": list(self.round_seconds), "lines": [dict(line) for line in self.lines],
                 "totals": dict(self.totals), "failures": self.failures,
-                "fit_test_history": list(self.fit_test_history)}
+                "fit_test_history": list(self.fit_test_history), "warnings": list(self.warnings),
+                "samples": {"rows": self.samples_rows, "sha256": self.samples_hash.hexdigest()}}
+
+    def _count_sample(self, line: str) -> None:
+        self.samples_rows += 1
+        self.samples_hash.update(line.encode() + b"\n")  # as resume.samples_digest hashes the file's rows
 
     def round_done(self, rnd: int, seconds: float, counters: dict, evaluation: dict | None, model: NDArrays,
                    checkpoint: bool = True) -> None:
@@ -141,7 +181,9 @@ class Recorder:
                 records = [record for block in counters["samples"] for record in json.loads(block)]
                 # Level-1 nodes answer in any order: write the records in tree order.
                 for record in sorted(records, key=lambda r: (_natural(r["node"]), _natural(r["round"]))):
-                    f.write(json.dumps({"global_round": rnd, **record}) + "\n")
+                    line = json.dumps({"global_round": rnd, **record})
+                    f.write(line + "\n")
+                    self._count_sample(line)
         if evaluation is not None:
             line = {"round": rnd, **evaluation, **fit_test_metrics(self.fit_test_history), "seconds": seconds,
                     "compute_seconds": counters.get("compute_seconds", 0.0),
@@ -169,6 +211,7 @@ class Recorder:
     def finish(self) -> dict:
         """summary.json, the plots and report.md, and the tracker's artifacts; the summary."""
         summary = self.write_summary()
+        logging.getLogger().removeHandler(self._kept)
         self.draw()
         if self.tracker is not None:
             self.tracker.finish(self.run_dir)
@@ -178,7 +221,7 @@ class Recorder:
         """accuracy.png, loss.png and report.md in the run directory. The run has finished by
         now: a plotting failure costs the pictures, never the run."""
         try:
-            run_report.write_run_report(self.run_dir)
+            run_report.write_run_report(self.run_dir, self.warnings)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - hfl.output.report fails with SystemExit too
             log.warning("could not draw the run's plots and report.md in %s: %s", self.run_dir, exc)
 
@@ -200,5 +243,5 @@ class Recorder:
             "failures": self.failures,
             **{f"total_{key}": value for key, value in self.totals.items()},
         }
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        atomic_write_bytes(self.run_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
         return summary

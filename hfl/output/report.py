@@ -31,7 +31,9 @@ Conventions:
 * Rounds: the "rounds" column lists every distinct ``rounds`` of the row's summaries;
   runs of one dataset/model that disagree on rounds also produce a warning (stderr),
   since their "final" then means different rounds.
-* A row holds the runs of one algorithm whose Hydra configs agree in everything but the seed
+* A row holds the runs of one algorithm whose configs (the one each run recorded,
+  ``checkpoints/config.json``, deployed runs included; Hydra's ``.hydra/config.yaml`` for a run
+  without it) agree in everything but the seed
   (and how they ran: runtime, resume, overwrite, logger); runs of other configs get rows of
   their own, named by the keys that differ, with a warning. A malformed run directory is named
   and skipped.
@@ -56,6 +58,7 @@ Conventions:
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import re
@@ -68,6 +71,7 @@ from pathlib import Path
 import yaml
 
 from hfl.errors import file_system_message
+from hfl.state.store import atomic_write_bytes
 
 DASH = "—"
 MODELS = ("pm", "gm")
@@ -248,7 +252,15 @@ def read_metrics(path: Path) -> list[dict]:
     return lines
 
 
+RECORDED_CONFIG = Path("checkpoints") / "config.json"  # hfl.state.resume.CONFIG (no import: a cycle)
+
+
 def read_config(run_dir: Path) -> dict | None:
+    """The config the run recorded when it began (``checkpoints/config.json``; deployed runs have
+    one too), else Hydra's ``.hydra/config.yaml`` (a run of an hfl before it recorded one)."""
+    recorded = run_dir / RECORDED_CONFIG
+    if recorded.exists():
+        return read_json(recorded)
     path = run_dir / ".hydra" / "config.yaml"
     if not path.exists():
         return None
@@ -634,7 +646,9 @@ def plot_group(rows: dict[str, Row], dataset: str, model: str, out_dir: Path) ->
             fig = levels_figure(rows, panels, quantity, scale, ylabel,
                                 f"{dataset} / {model}: mean over seeds, band = min–max", x)
             name = f"{safe_name(dataset)}_{safe_name(model)}_{quantity}{'' if x == 'round' else '_time'}.png"
-            fig.savefig(out_dir / name, dpi=120)
+            image = io.BytesIO()  # written whole or not at all
+            fig.savefig(image, format="png", dpi=120)
+            atomic_write_bytes(out_dir / name, image.getvalue())
             names.append(name)
     return names
 
@@ -667,7 +681,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
         plots = {key: plot_group(rows, *key, out_dir) for key, rows in groups.items()}
         markdown = render_markdown(groups, paper, args.title, plots)
-        (out_dir / "report.md").write_text(markdown)
+        atomic_write_bytes(out_dir / "report.md", markdown.encode())
     except OSError as exc:  # a read-only, full or file-as-directory --out
         message = file_system_message(exc.errno, str(exc.filename or out_dir), key="--out") if exc.errno else None
         raise fail(message or f"--out: {out_dir}: {exc}") from None

@@ -4,6 +4,7 @@ bytes per tier) in the run directory. Reads runs and draws with hfl.output.repor
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +28,18 @@ from hfl.output.report import (
     new_figure,
     present_keys,
 )
+from hfl.state.store import atomic_write_bytes
+
+
+def _checkpoint_warnings(run_dir: Path) -> list[str]:
+    """The warnings a run's last checkpoint kept (a report drawn again after a kill)."""
+    from hfl.state.resume import read_checkpoint  # a cycle at import time otherwise (resume -> recorder)
+
+    try:
+        checkpoint = read_checkpoint(run_dir)
+    except Exception:  # noqa: BLE001 - a damaged checkpoint costs the report its warnings, nothing else
+        return []
+    return list(checkpoint.recorder.get("warnings", [])) if checkpoint is not None else []
 
 
 @dataclass(frozen=True)
@@ -114,7 +127,9 @@ def plot_run(run: Run, out_dir: Path) -> list[str]:
     for x in ["round", "sim_time"] if timed([run]) else ["round"]:  # a clock: also accuracy_time.png
         for quantity, scale, ylabel in QUANTITIES:
             name = f"{quantity}{'' if x == 'round' else '_time'}.png"
-            run_figure(run, levels, quantity, scale, ylabel, run_title(run), x).savefig(out_dir / name, dpi=110)
+            image = io.BytesIO()  # drawn whole, then written atomically: a killed run leaves no half a PNG
+            run_figure(run, levels, quantity, scale, ylabel, run_title(run), x).savefig(image, format="png", dpi=110)
+            atomic_write_bytes(out_dir / name, image.getvalue())
             names.append(name)
     return names
 
@@ -129,8 +144,9 @@ def _settings(config: dict | None, section: str) -> str:
     return ", ".join(f"{key}={value}" for key, value in values.items() if key != "name")
 
 
-def run_markdown(run: Run, plots: Sequence[str]) -> str:
-    """report.md of one run: what ran, final and best accuracy per model level, time, bytes, plots."""
+def run_markdown(run: Run, plots: Sequence[str], warnings: Sequence[str] = ()) -> str:
+    """report.md of one run: what ran, final and best accuracy per model level, time, bytes, the
+    warnings the console showed during the run, plots."""
     config = run.config or {}
     parts = [f"# {run_title(run)}", ""]
     for section, name in (("algorithm", run.algorithm), ("dataset", run.dataset), ("model", run.model)):
@@ -150,16 +166,21 @@ def run_markdown(run: Run, plots: Sequence[str]) -> str:
               f"failures: {run.summary.get('failures', 0)}.", "",
               "| tier | bytes down | bytes up |", "|:---|---:|---:|"]
     parts += [f"| {tier} | {human_bytes(down)} | {human_bytes(up)} |" for tier, down, up in traffic_rows(run.summary)]
+    if warnings:
+        parts += ["", "## Warnings", "", *(f"- {text}" for text in warnings)]
     for name in plots:
         parts += ["", f"![{name}]({name})"]
     return "\n".join(parts) + "\n"
 
 
-def write_run_report(run_dir: str | Path) -> list[Path]:
+def write_run_report(run_dir: str | Path, warnings: Sequence[str] | None = None) -> list[Path]:
     """accuracy.png, loss.png and report.md in a finished run's directory (summary.json and
-    metrics.jsonl written); returns their paths."""
+    metrics.jsonl written), each written whole or not at all; returns their paths. ``warnings``:
+    the console's warnings of the run (None: those of the run's last checkpoint)."""
     run_dir = Path(run_dir)
     run = load_run(run_dir)
     plots = plot_run(run, run_dir)
-    (run_dir / "report.md").write_text(run_markdown(run, plots))
+    if warnings is None:
+        warnings = _checkpoint_warnings(run_dir)
+    atomic_write_bytes(run_dir / "report.md", run_markdown(run, plots, warnings).encode())
     return [run_dir / name for name in (*plots, "report.md")]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from hfl.output.recorder import Recorder
 from hfl.output.report import load_run
 from hfl.state.lock import RunLock
 from hfl.state.resume import CONFIG as RECORDED_CONFIG, Checkpoint, prepare, state_dir
+from hfl.state.store import atomic_write_bytes
 
 log = logging.getLogger("hfl")
 ray_actors = logging.getLogger("ray.actors")
@@ -165,11 +167,13 @@ def cluster_state_warning(runtime: Mapping, state: Path) -> str | None:
             "every Ray node shares (else set runtime.state_dir to a directory every Ray node mounts)")
 
 
-def run(cfg: Mapping, run_dir: str | Path) -> dict:
+def run(cfg: Mapping, run_dir: str | Path, on_accepted: Callable[[], None] | None = None) -> dict:
     """Validate, build the federation (failing before training on bad input), run, and
     return the summary; raises if the run did not complete every round. With ``resume``
     true, go on with the run killed in ``run_dir`` after its last completed global round
-    (hfl.state.resume); a finished run is only reported."""
+    (hfl.state.resume); a finished run is only reported. ``on_accepted``: called once the run
+    directory is this run's (locked, and neither the overwrite guard nor a resumption refused it),
+    before anything is written there for the run: what a refused run must not write waits for it."""
     cfg = json.loads(json.dumps(cfg))  # a private, plain copy
     run_dir = Path(run_dir)
     validate(cfg)
@@ -184,12 +188,15 @@ def run(cfg: Mapping, run_dir: str | Path) -> dict:
     check_tree(cfg, fed.tree)
     initial_model(cfg, fed)  # the model must fit the data (and the algorithm) before any process starts
     with RunLock(run_dir):  # one run at a time in a run directory (hfl.state.lock)
-        return _run_locked(cfg, run_dir, fed, tracker, tracked)
+        return _run_locked(cfg, run_dir, fed, tracker, tracked, on_accepted)
 
 
-def _run_locked(cfg: dict, run_dir: Path, fed, tracker, tracked: dict) -> dict:  # noqa: ANN001
+def _run_locked(cfg: dict, run_dir: Path, fed, tracker, tracked: dict,  # noqa: ANN001
+                on_accepted: Callable[[], None] | None = None) -> dict:
     """``run`` once the run directory is this process's."""
     start = prepare(cfg, run_dir)  # refuses a resumption of another config, or a fresh run over a run; rolls back
+    if on_accepted is not None:
+        on_accepted()
     rounds = int(cfg["global_rounds"])
     if start is not None and start.round >= rounds:
         log.info("hfl: the run in %s is complete (%d of %d global rounds); nothing to resume",
@@ -215,8 +222,7 @@ def _run_locked(cfg: dict, run_dir: Path, fed, tracker, tracked: dict) -> dict: 
     finally:
         if started is not None:
             started.close()  # a tracker run the recorder did not finish: the run failed or was stopped
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary = _read_summary(run_dir)
     if summary.get("rounds") != cfg["global_rounds"]:
         raise RuntimeError(
             f"the run stopped after {summary.get('rounds', 0)} of {cfg['global_rounds']} global rounds; "
@@ -225,12 +231,69 @@ def _run_locked(cfg: dict, run_dir: Path, fed, tracker, tracked: dict) -> dict: 
     return summary
 
 
+def _read_summary(run_dir: Path) -> dict:
+    """summary.json, or {} when it is missing or unreadable (named in a warning): the caller
+    writes it again from the checkpoint, or reports the run unfinished."""
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return {}
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        log.warning("hfl: %s is unreadable (%s)", path, " ".join(str(exc).split()))
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+# Refusals that leave the run directory to the run it was refused for: nothing of the refused
+# run may reach it, its log lines and Hydra's .hydra/ files included.
+REFUSALS = ("overwrite", "hydra.run.dir", "resume", "runtime.state_dir")
+
+
+class HeldLog:
+    """Hydra's log file held back: its records wait in memory until the run is accepted
+    (``release(True)``), and are dropped when the run is refused (``release(False)``); a run
+    refused for a directory appends nothing to the log of the run that owns it."""
+
+    def __init__(self) -> None:
+        root = logging.getLogger()
+        self.file = next((h for h in root.handlers if isinstance(h, logging.FileHandler)), None)
+        self.memory: logging.handlers.MemoryHandler | None = None
+        if self.file is not None:
+            self.memory = logging.handlers.MemoryHandler(10_000, logging.CRITICAL + 1, self.file, flushOnClose=False)
+            self.memory.setLevel(self.file.level)
+            root.removeHandler(self.file)
+            root.addHandler(self.memory)
+
+    def release(self, keep: bool) -> None:
+        if self.memory is None:
+            return
+        root = logging.getLogger()
+        root.removeHandler(self.memory)
+        if keep:
+            self.memory.flush()
+        self.memory.buffer.clear()
+        root.addHandler(self.file)
+        self.memory = None
+
+
+def write_hydra_files(run_dir: Path, cfg: DictConfig) -> None:
+    """``.hydra/config.yaml``, ``hydra.yaml`` and ``overrides.yaml``, as Hydra writes them, but once
+    the run is accepted (``hydra.output_subdir`` is null in conf/config.yaml: Hydra would write them
+    before any check, over the files of a finished run a refused one was refused for)."""
+    hydra_cfg = HydraConfig.get()
+    folder = run_dir / ".hydra"
+    folder.mkdir(exist_ok=True)
+    for name, value in (("config.yaml", cfg), ("hydra.yaml", OmegaConf.create({"hydra": hydra_cfg})),
+                        ("overrides.yaml", hydra_cfg.overrides.task)):
+        atomic_write_bytes(folder / name, OmegaConf.to_yaml(value).encode())
+
+
 def finished_summary(cfg: Mapping, run_dir: Path, done: Checkpoint, tracker: tracking.Tracker | None = None,
                      tracked: Mapping | None = None) -> dict:
     """A finished run's summary; written again (with its plots, and the tracker's artifacts) if
     the run was killed after its last checkpoint and before them."""
-    path = run_dir / "summary.json"
-    summary = json.loads(path.read_text()) if path.exists() else {}
+    summary = _read_summary(run_dir)  # a damaged one is written again below, from the checkpoint
     if summary.get("rounds") == cfg["global_rounds"]:
         if not all((run_dir / name).exists() for name in ("report.md", "accuracy.png", "loss.png")):
             run_report.write_run_report(run_dir)  # killed after the summary, before its plots
@@ -289,12 +352,18 @@ def task(cfg: DictConfig) -> float | None:
     rounds = cfg.get("global_rounds")  # not validated yet: a bad value is run()'s to report
     overrides, config_name = list(hydra_cfg.overrides.task), str(hydra_cfg.job.config_name)
     plain: dict | None = None
+    held = HeldLog()
+
+    def accepted() -> None:
+        held.release(True)
+        write_hydra_files(run_dir, cfg)
+
     try:
         plain = OmegaConf.to_container(cfg, resolve=True)
         with interrupts.stop_on_signals(lambda: interrupts.interrupted_line(run_dir, overrides, rounds, config_name), handler), \
                 handler.progress(rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None), \
                 handler.errors_held(lambda exc: user_error(exc, plain, run_dir) is not None):
-            summary = run(plain, run_dir)
+            summary = run(plain, run_dir, accepted)
         report_run(run_dir)
     except Exception as exc:
         # An error the user can fix (a bad setting or data file, a full disk, an unwritable run
@@ -306,7 +375,10 @@ def task(cfg: DictConfig) -> float | None:
         if out_of_space(exc) and (run_dir / RECORDED_CONFIG).exists():
             line += f"; then resume with: {interrupts.resume_command(overrides, run_dir, config_name)}"
         log.error("%s", line, exc_info=True, extra={console.SHOW: "file"})
+        held.release(not (isinstance(exc, ConfigError) and exc.key in REFUSALS))  # a refusal's lines: dropped
         raise SystemExit(f"hfl-simulate: {line}") from None
+    finally:
+        held.release(True)  # a run stopped otherwise (Ctrl-C) keeps its lines
     best = summary["best"]
     return best.get("pm_accuracy") or best.get("gm_accuracy")
 

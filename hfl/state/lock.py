@@ -1,7 +1,8 @@
 """A run directory is owned by one run at a time: the driver holds an exclusive ``flock`` on
 ``<run dir>/checkpoints/run.lock`` for the life of the run. The operating system releases it
 when the process ends however it ends (SIGKILL, a power cut), so a lock file left by a dead run
-is no lock; the file itself only says who held it last (pid and host), for the message."""
+is no lock; the file itself only says who holds it (pid and host), for the message, and is
+emptied when the run ends."""
 
 from __future__ import annotations
 
@@ -41,5 +42,8 @@ class RunLock:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self._fd is not None:
+            # Emptied as it is released: a run that ends (a refused one included) leaves the file as
+            # it found it, and only a live holder, or a dead one, is ever named in it.
+            os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing the descriptor releases the lock
             self._fd = None

@@ -51,6 +51,14 @@ PREVIOUS_CHECKPOINT = Path("checkpoints") / "resume.prev.pkl"  # the one before:
 # to other numbers without a word; a file without it is a bare pickle (written by an older hfl).
 MAGIC = b"hfl-checkpoint-1\n"
 CONFIG = Path("checkpoints") / "config.json"
+# The newest checkpoint's round and store manifest, beside the pickle: a damaged resume.pkl still
+# says which round it committed and which state versions that round left.
+MANIFEST = Path("checkpoints") / "manifest.json"
+# Everything a run writes in its directory besides its state and checkpoints: overwrite=true removes
+# them before training, so a killed overwrite is never reported with the old run's figures.
+OUTPUTS = ("metrics.jsonl", "samples.jsonl", "summary.json", "report.md", "accuracy.png", "loss.png",
+           "accuracy_time.png", "loss_time.png", "checkpoints/global_model.npz", str(MANIFEST))
+SAMPLES = "samples.jsonl"
 # The run's folder under runtime.state_dir (absent when the run keeps its state in <run dir>/state).
 STATE_KEY = Path("checkpoints") / "state_key"
 # Keys that say how a run runs, not what it computes: they may differ when it is resumed.
@@ -102,6 +110,9 @@ def write_checkpoint(run_dir: str | os.PathLike, checkpoint: Checkpoint) -> None
         manifest, known.since_ns = StateStore(known.store).commit(known.since_ns)
         checkpoint = replace(checkpoint, store=manifest)
     data = pickle.dumps(checkpoint, protocol=pickle.HIGHEST_PROTOCOL)
+    if checkpoint.store is not None:  # not fsynced itself: its rename is, with the checkpoint's folder below
+        atomic_write_bytes(run_dir / MANIFEST, json.dumps({"round": checkpoint.round, "store": checkpoint.store},
+                                                          sort_keys=True).encode())
     atomic_write_bytes(path, MAGIC + hashlib.sha256(data).digest() + data, sync=True,
                        keep=run_dir / PREVIOUS_CHECKPOINT)
 
@@ -221,6 +232,49 @@ def _new_state_key(cfg: Mapping, run_dir: Path) -> None:
         atomic_write_bytes(key_file, f"{run_dir.name}-{uuid.uuid4().hex[:8]}\n".encode(), sync=True)
 
 
+def held_run(run_dir: Path) -> list[str]:
+    """The files that show a run in ``run_dir`` (its recorded config, checkpoints, outputs, state
+    key or stored state): the overwrite guard reads all of them, so losing one file does not
+    disarm it."""
+    found = [str(name) for name in (CONFIG, CHECKPOINT, PREVIOUS_CHECKPOINT, MANIFEST, STATE_KEY, *OUTPUTS)
+             if (run_dir / name).exists() and (str(name) != "metrics.jsonl" or (run_dir / name).stat().st_size)]
+    if (run_dir / "state").is_dir() and StateStore(run_dir / "state").keys():
+        found.append("state/")
+    return sorted(set(found))
+
+
+def _start_over(cfg: Mapping, run_dir: Path) -> Path:
+    """overwrite=true (or a directory holding no run): the old run's checkpoints first (it can no
+    longer be resumed half-deleted), then every output it wrote, then its state. Returns the store."""
+    for name in (CHECKPOINT, PREVIOUS_CHECKPOINT, MANIFEST, *OUTPUTS):
+        (run_dir / name).unlink(missing_ok=True)
+    _new_state_key(cfg, run_dir)
+    store = state_dir(cfg, run_dir)
+    StateStore(store).clear()
+    return store
+
+
+def samples_digest(lines: list[str]) -> str:
+    """What a checkpoint records of samples.jsonl's rows up to its round (their text, in order)."""
+    digest = hashlib.sha256()
+    for line in lines:
+        digest.update(line.encode() + b"\n")
+    return digest.hexdigest()
+
+
+def check_samples(run_dir: Path, checkpoint: Checkpoint, kept: list[str]) -> None:
+    """Refuse (naming samples.jsonl) a resumption whose samples rows up to the checkpoint's round
+    are not those it recorded: a damaged or deleted file would silently lose rows."""
+    recorded = checkpoint.recorder.get("samples") if isinstance(checkpoint.recorder, dict) else None
+    if not recorded:
+        return  # a checkpoint of an older hfl recorded nothing
+    if len(kept) != recorded["rows"] or samples_digest(kept) != recorded["sha256"]:
+        raise ConfigError("resume", f"{run_dir / SAMPLES} is damaged: its rows up to global round {checkpoint.round} "
+                                    f"are not those the checkpoint recorded ({len(kept)} readable of "
+                                    f"{recorded['rows']}, or their text differs); restore the file, or start over "
+                                    "with overwrite=true")
+
+
 def prepare(cfg: Mapping, run_dir: str | os.PathLike) -> Checkpoint | None:
     """Run before any node starts (in the driver). A fresh run (``resume`` false) records its
     config and empties its state store (``state_dir``) and checkpoints; a resumption checks the
@@ -229,20 +283,19 @@ def prepare(cfg: Mapping, run_dir: str | os.PathLike) -> Checkpoint | None:
     start at round 1 (a fresh run, or a run killed before it completed a round)."""
     run_dir = Path(run_dir)
     if not cfg.get("resume", False):
-        if (run_dir / CONFIG).exists() and not cfg.get("overwrite", False):
+        held = held_run(run_dir)
+        if held and not cfg.get("overwrite", False):
             try:
                 done = read_checkpoint(run_dir)
                 rounds = f"{done.round} of {cfg.get('global_rounds')} global rounds done" if done else "no round done"
             except ConfigError:
                 rounds = "its checkpoints unreadable"
+            if not (run_dir / CONFIG).exists():
+                rounds += f", its {CONFIG} missing"
             raise ConfigError("overwrite", f"{run_dir} holds a run ({rounds}); go on with it with resume=true "
                                            "(and its overrides), or start over there with overwrite=true, which "
-                                           "deletes its state, checkpoints and metrics")
-        _new_state_key(cfg, run_dir)
-        store = state_dir(cfg, run_dir)
-        StateStore(store).clear()
-        (run_dir / CHECKPOINT).unlink(missing_ok=True)
-        (run_dir / PREVIOUS_CHECKPOINT).unlink(missing_ok=True)
+                                           "deletes its state, checkpoints, metrics, summary, report and plots")
+        store = _start_over(cfg, run_dir)
         record_config(cfg, run_dir)
         _register(run_dir, store)
         return None
@@ -261,19 +314,30 @@ def prepare(cfg: Mapping, run_dir: str | os.PathLike) -> Checkpoint | None:
     return checkpoint
 
 
+def _manifest_round(run_dir: Path) -> int | None:
+    """The round the newest checkpoint committed, as its manifest beside it says (None: unreadable)."""
+    try:
+        return int(json.loads((run_dir / MANIFEST).read_text())["round"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _resumable(run_dir: Path, store_dir: Path) -> Checkpoint | None:
     """The checkpoint to go on from, the store rolled back to its round: the newest readable one
     whose manifest the store satisfies; refused, naming the files, if there is none."""
     readable, damaged = _checkpoints(run_dir)
+    committed = _manifest_round(run_dir)
     for path, why in damaged:
-        log.warning("hfl: checkpoint %s is unreadable (%s)%s", path, why,
+        log.warning("hfl: checkpoint %s is unreadable (%s)%s%s", path, why,
+                    f"; {run_dir / MANIFEST} says it committed global round {committed}"
+                    if committed is not None and path == run_dir / CHECKPOINT else "",
                     "; trying the one before it" if readable else "")
     if not readable:
         if damaged:
             raise _unreadable(run_dir, damaged)
         store = StateStore(store_dir)
         stored = store.plan(2**62)[0]
-        later = max((rnd for rnd, _ in stored.values()), default=0)
+        later = max([rnd for rnd, _ in stored.values()] + [_manifest_round(run_dir) or 0])
         if later >= 2:  # a node ran round 2, so round 1 was checkpointed: the checkpoint is lost
             raise ConfigError("resume", f"{run_dir / CHECKPOINT} is missing, yet the run's state in {store_dir} "
                                         f"reaches global round {later}: the run cannot be resumed; start over "
@@ -292,6 +356,9 @@ def _resumable(run_dir: Path, store_dir: Path) -> Checkpoint | None:
         if problems:
             refused.append((checkpoint, problems))
             continue
+        from hfl.output.recorder import rows_up_to  # the recorder imports this module
+
+        check_samples(run_dir, checkpoint, rows_up_to(run_dir / SAMPLES, "global_round", checkpoint.round))
         if refused:
             log.warning("hfl: the state of global round %d is damaged (%s); resuming after round %d, from %s",
                         refused[0][0].round, "; ".join(refused[0][1]), checkpoint.round, path)

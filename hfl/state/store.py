@@ -5,7 +5,9 @@ actors do not stick to nodes, so per-device models live here instead (DESIGN.md)
 
 Versions, for resuming a killed run (hfl.state.resume): a store told the global round it computes
 (``round``; a node sets it when its fit starts) tags what it saves with that round and keeps
-the key's previous version — the newest one saved in an earlier round — under ``previous/``.
+the key's previous version — the newest one saved in an earlier round — under ``previous/``, and
+the one before that under ``older/``: a run killed in round R+2 whose round-R+1 checkpoint is
+damaged goes on from its round-R checkpoint, whose versions are still there.
 ``<root>/<key>.npz`` is always the newest version (what ``load`` reads). A run killed during
 global round R+1 is resumed after ``rollback(R)``: every key goes back to its newest version
 of round R or before, whatever round R+1 had already written; a version that cannot be read (a
@@ -35,6 +37,7 @@ import numpy as np
 
 ROUND = "__round__"  # the tag saved inside each file; load() strips it
 PREVIOUS = "previous"
+OLDER = "older"  # the version before the previous one: what the checkpoint before the newest needs
 TMP = re.compile(r"^\..*\.tmp\.npz$")
 # What the load cache may hold, per process (least recently used files dropped beyond it).
 LOAD_CACHE_BYTES = 128 * 2**20
@@ -140,6 +143,9 @@ class StateStore:
     def _previous(self, key: str) -> Path:
         return self.root / PREVIOUS / f"{key}.npz"
 
+    def _older(self, key: str) -> Path:
+        return self.root / OLDER / f"{key}.npz"
+
     def load(self, key: str) -> dict[str, np.ndarray] | None:
         """The key's newest arrays, or None: the caller's own (copies of the cached ones, as
         writable as a fresh read: whoever changes them in place changes nothing stored)."""
@@ -153,14 +159,18 @@ class StateStore:
             return
         current = read_npz(path)  # one look at the file: whether it exists, and its round
         if current is not None and _round_in(current) != self.round:
-            # The first save of this round: the version before it becomes the previous one (an
-            # older previous version is dropped). Killed between the steps, the key has its
+            # The first save of this round: the version before it becomes the previous one, the
+            # previous one the older one (an older one than that is dropped). Killed between the steps, the key has its
             # newest version as the current or the previous one, which rollback() restores.
             # The older one is removed first, not renamed over: ext4 flushes a file renamed over
             # another to disk then (auto_da_alloc), ~0.25 ms a save on this machine's ext4.
             (self.root / PREVIOUS).mkdir(exist_ok=True)
             previous = self._previous(key)
-            previous.unlink(missing_ok=True)
+            if previous.exists():
+                (self.root / OLDER).mkdir(exist_ok=True)
+                older = self._older(key)
+                older.unlink(missing_ok=True)
+                os.replace(previous, older)
             os.replace(path, previous)
         _write(path, {**arrays, ROUND: np.array(self.round, dtype=np.int64)})
 
@@ -172,7 +182,7 @@ class StateStore:
     def _versions(self, key: str) -> list[tuple[int | None, Path]]:
         """(round, file) for each of the key's files; round None: unreadable (read whole, CRCs checked)."""
         out: list[tuple[int | None, Path]] = []
-        for path in (self._path(key), self._previous(key)):
+        for path in (self._path(key), self._previous(key), self._older(key)):
             try:
                 arrays = read_npz(path)
             except UNREADABLE:
@@ -185,7 +195,7 @@ class StateStore:
     def keys(self) -> list[str]:
         """Every key with a file, current or previous."""
         keys: set[str] = set()
-        for folder in (self.root, self.root / PREVIOUS):
+        for folder in (self.root, self.root / PREVIOUS, self.root / OLDER):
             if folder.is_dir():
                 keys.update(p.name[: -len(".npz")] for p in folder.iterdir()
                             if p.suffix == ".npz" and not TMP.match(p.name) and p.is_file())
@@ -209,7 +219,7 @@ class StateStore:
         """Every key back to its newest readable version of ``last_round`` or earlier (a key with
         none is removed); half-written and unreadable files are removed. Returns the unreadable
         files it removed. Run it while no node is running."""
-        for folder in (self.root, self.root / PREVIOUS):
+        for folder in (self.root, self.root / PREVIOUS, self.root / OLDER):
             if folder.is_dir():
                 for path in folder.iterdir():
                     if TMP.match(path.name):
@@ -238,7 +248,7 @@ class StateStore:
         manifest: dict[str, int] = {}
         changed: list[Path] = []
         newest = since_ns
-        for folder in (self.root, self.root / PREVIOUS):
+        for folder in (self.root, self.root / PREVIOUS, self.root / OLDER):
             if not folder.is_dir():
                 continue
             for path in folder.iterdir():
@@ -259,13 +269,14 @@ class StateStore:
 
     def _sync_folders(self) -> None:
         fsync_dir(self.root)
-        if (self.root / PREVIOUS).is_dir():
-            fsync_dir(self.root / PREVIOUS)
+        for folder in (PREVIOUS, OLDER):
+            if (self.root / folder).is_dir():
+                fsync_dir(self.root / folder)
 
     def clear(self) -> None:
         """Remove every stored key (a fresh run in a directory that held another)."""
         for path in self.root.iterdir():
-            if path.name == PREVIOUS and path.is_dir():
+            if path.name in (PREVIOUS, OLDER) and path.is_dir():
                 shutil.rmtree(path)
             elif path.suffix == ".npz" and path.is_file():
                 path.unlink()
