@@ -46,7 +46,9 @@ ROOT = Path(__file__).parents[1]
         (["algorithm=bhfl", "algorithm.up.lr=abc"], "algorithm.up.lr: must be a number, got 'abc'"),
         (["algorithm=pfedme", "algorithm.inner_steps=2.5"], "algorithm.inner_steps: must be an integer, got 2.5"),
         (["topology=tree", "topology.fanout=[2,x]"], "topology.fanout[1]: must be an integer, got 'x'"),
-        (["algorithm.foo=1"], "algorithm.foo: no such key (to add one: +algorithm.foo=1)"),
+        (["global_round=5"], "global_round: no such key; did you mean global_rounds?"),  # never "+global_round=5"
+        (["algorithm.alhpa=1"], "algorithm.alhpa: no such key; did you mean algorithm.alpha?"),
+        (["topology.fanout=[2,3]"], "topology.fanout: no such key in this topology; it belongs to topology=tree"),
     ],
 )
 def test_schema_refuses_a_wrong_type_naming_the_key(overrides, message):
@@ -63,7 +65,7 @@ def test_schema_refuses_a_wrong_type_naming_the_key(overrides, message):
     [
         ("local_steps: 20 ", "local_steps: abc  # ", "algorithm.local_steps: must be an integer, got 'abc' "
                                                      "(in conf/algorithm/permfl.yaml)"),
-        ("eta: 0.03 ", "etaa: 0.03  # ", "algorithm.etaa: no such key in the schema (hfl/config/schema.py) "
+        ("eta: 0.03 ", "etaa: 0.03  # ", "algorithm.etaa: no such key; did you mean algorithm.eta? "
                                         "(in conf/algorithm/permfl.yaml)"),
     ],
 )
@@ -216,6 +218,7 @@ def test_schema_fields_have_no_defaults_of_their_own():
         ["algorithm=bhfl", "topology=tree", "topology.fanout=null", "topology.nodes=[[[0,1],[2,3]],[[4,5],[6,7]]]"],
         ["algorithm=bhfl", "+algorithm.levels.0.up={optimizer: adam, lr: 0.01}", "+algorithm.levels.3.down.lr=0.5"],
         ["algorithm=hierfavg", "++algorithm.any_depth=true"],
+        ["algorithm=hierfavg", "++algorithm.any_depth=true", "++algorithm.sample_fraction=[1,0.2]"],
         ["algorithm=pflego", "dataset=mnist", "dataset.partition=roundrobin", "model=mlp", "model.hidden=8",
          "dataset.normalize=[0,1]"],
         ["experiment=permfl_mnist_mclr", "dataset.normalize=per_feature", "topology=by_label_worst"],
@@ -224,7 +227,9 @@ def test_schema_fields_have_no_defaults_of_their_own():
     ],
 )
 def test_the_repos_overrides_still_compose(overrides):
-    compose_cfg(*overrides)
+    schema.register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        schema.check_keys(compose("config", overrides=overrides))  # the keys they add (+, ++) are read
 
 
 def test_floats_accept_integers():

@@ -22,8 +22,9 @@ seconds and ``num_cpus_per_team``, floats, show as ``1.0`` where the YAML says `
 Algorithms differ in their keys. ``AlgorithmConfig`` declares the keys every algorithm has;
 each algorithm with more keys has a dataclass subclassing it (``PerMFLConfig``, ``BHFLConfig``,
 ...) whose schema its YAML file names, so its own keys are typed too. A schema is closed, as
-Hydra's configs are: a key no schema declares needs ``+key=value`` (``++`` to add or set),
-as before; a preset that sets another algorithm's key (``experiment=permfl_mnist_mclr
+Hydra's configs are, and stays closed to ``+key=value``/``++key=value`` (which Hydra lets through):
+``check_keys`` refuses after composing a key nothing reads, naming the closest real key or the
+option that has it (``OPEN_KEYS``: the optional keys hfl reads for every option); a preset that sets another algorithm's key (``experiment=permfl_mnist_mclr
 algorithm=fedavg`` sets ``algorithm.eta``) is refused naming that key. Datasets likewise:
 ``DatasetConfig`` for the keys common to all, then ``VisionDatasetConfig``,
 ``SyntheticDatasetConfig`` and ``SyntheticMultilevelDatasetConfig``; models (``hidden`` for
@@ -59,6 +60,7 @@ when ``hfl.runtime.apps`` (which defines ``CONF_DIR``) is imported, and ``hfl-si
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -593,14 +595,134 @@ def config_error(exc: BaseException) -> ConfigError | None:
         return ConfigError(key, f"must be {_KINDS.get(in_list.group(3), in_list.group(3))}, got {in_list.group(1)}{where}")
     if re.match(r"field '.*' is not Optional", text):
         return ConfigError(key, f"must not be null{where}")
-    if re.match(r"Key '.*' not in '", text):
-        hint = re.search(r"use (\+\S+)", str(exc))  # Hydra: "To append to your config use +key=value"
-        if hint:
-            return ConfigError(key, f"no such key (to add one: {hint.group(1)})")
-        return ConfigError(key, f"no such key in the schema (hfl/config/schema.py){where}")
+    if re.match(r"Key '.*' (is )?not in ", text):
+        # Hydra's own hint ("To append to your config use +key=value") is dropped: a key no schema
+        # declares is a misspelling or another option's key, which unknown_key names.
+        owner = getattr(cause, "object_type", None) or _dataclass_named(re.search(r"object_type=(\w+)", str(exc)))
+        return unknown_key(key, owner, where)
     return ConfigError(key, text + where)
 
 
 def _shown(value: str, type_name: str) -> str:
     """A value as the user wrote it: quoted when YAML read a string."""
     return repr(value) if type_name == "str" else value
+
+
+# ------------------------------------------------------------- keys nothing reads
+# Hydra's ``+key=value`` / ``++key=value`` add a key even to a closed (struct) schema node, so a
+# misspelt ``+algorithm.alhpa=0.5`` would compose and be silently ignored. ``check_keys`` refuses,
+# after composing, every key that neither the node's schema declares nor hfl reads as an optional
+# key of every option of its group (OPEN_KEYS).
+
+# Optional keys hfl's engine reads, with a default, whatever the option (hfl/runtime/build.py,
+# hfl/runtime/apps.py, hfl/runtime/simulate.py): adding one to an option whose schema lacks it is
+# meaningful (e.g. ``algorithm=hierfavg ++algorithm.sample_fraction=[1,0.2]``).
+OPEN_KEYS: dict[str, frozenset[str]] = {
+    "algorithm": frozenset({"any_depth", "global_model", "level_models", "level_rounds", "local_epochs",
+                            "local_labels", "personal_heads", "pm_base", "sample_fraction", "sampling"}),
+    "runtime": frozenset({"state_dir", "team_wait_seconds", "verbose"}),
+}
+# ``Any`` fields whose value is a mapping of fixed keys: those conf/config.yaml gives them.
+CLOSED_MAPPINGS = ("clock.speed", "clock.availability", "clock.staleness", "clock.shift")
+
+
+def check_keys(cfg: Any) -> None:
+    """Refuse (ConfigError naming the key, with the closest real key or the option that has it) the
+    first key of the composed ``cfg`` (an OmegaConf DictConfig, before ``to_container``: it still
+    knows each node's schema) that nothing reads. Open on purpose: ``Any`` fields other than
+    CLOSED_MAPPINGS (``algorithm.levels`` is keyed by tree depth and checked by B-HFL), options
+    whose file names no schema (untyped, flagged by tests/test_schema.py), and ``hydra.*``
+    (not part of the job's config)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    def visit(node: DictConfig, path: str) -> None:
+        owner = OmegaConf.get_type(node)
+        known: set[str] | None = None
+        if owner is not None and dataclasses.is_dataclass(owner):
+            known = {f.name for f in dataclasses.fields(owner)} | OPEN_KEYS.get(path, frozenset())
+        elif path in CLOSED_MAPPINGS:
+            known = set(_conf_defaults(path))
+        for name in node.keys():
+            if not path and name == "hydra":  # Hydra's own config (hydra.*): not the job's, Hydra checks it
+                continue
+            full = f"{path}.{name}" if path else str(name)
+            if known is not None and name not in known:
+                raise unknown_key(full, owner)
+            child = node._get_node(name)  # noqa: SLF001 - the node itself: a missing value (???) is not read
+            if isinstance(child, DictConfig):
+                visit(child, full)
+
+    visit(cfg, "")
+
+
+def unknown_key(key: str, owner: type | None, where: str = "") -> ConfigError:
+    """The refusal of ``key``, which the schema ``owner`` (a dataclass, or None if unknown) of its
+    node lacks: "did you mean <the closest key>?", else the options of its group that have it
+    ("topology.fanout ... belongs to topology=tree"), else the node's keys. Never ``+key``: a key
+    no schema declares is read by nothing."""
+    import difflib
+
+    parent, _, name = key.rpartition(".")
+    prefix = f"{parent}." if parent else ""
+    if owner is not None and dataclasses.is_dataclass(owner):
+        fields = [f.name for f in dataclasses.fields(owner)] + sorted(OPEN_KEYS.get(parent, ()))
+    else:
+        fields = list(_conf_defaults(parent)) if parent in CLOSED_MAPPINGS else []
+    providers = [f"{parent}={option}" for option, node in _options(parent).items()
+                 if name in {f.name for f in dataclasses.fields(node)}]
+    if providers:
+        shown = " or ".join(providers[:3]) + (" ..." if len(providers) > 3 else "")
+        return ConfigError(key, f"no such key in this {parent}; it belongs to {shown}{where}")
+    close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
+    if not close and not parent:  # a top-level key: a group's key given without its group?
+        close = [f"{group}.{name}" for group in SCHEMAS for node in SCHEMAS[group].values()
+                 if name in {f.name for f in dataclasses.fields(node)}][:1]
+        prefix = ""
+    if close:
+        return ConfigError(key, f"no such key; did you mean {prefix}{close[0]}?{where}")
+    known = f"; the keys of {parent or 'the config'}: {', '.join(sorted(set(fields)))}" if fields else ""
+    return ConfigError(key, f"no such key{known}{where}")
+
+
+def _dataclass_named(found: re.Match | None) -> type | None:
+    """A schema dataclass by its class name (Hydra's message for a file names it ``object_type=X``)."""
+    if found is None:
+        return None
+    classes = [HflConfig, ClockConfig, NodeOptConfig, *(c for group in SCHEMAS.values() for c in group.values())]
+    return next((c for c in classes if c.__name__ == found.group(1)), None)
+
+
+def _options(group: str, conf_dir: Path = CONF_DIR) -> dict[str, type]:
+    """``conf/<group>``'s options with the schema each one's file (or the option it extends) names."""
+    if group not in SCHEMAS:
+        return {}
+    import yaml
+
+    named = {**SCHEMAS[group]}
+    if group == "algorithm":
+        named.update({name: node for name, node, _ in algorithm_schemas(conf_dir)})
+    entries = {}
+    for path in sorted((conf_dir / group).glob("*.yaml")):
+        text = yaml.safe_load(path.read_text()) or {}
+        entries[path.stem] = [e.strip() for e in text.get("defaults") or [] if isinstance(e, str)]
+
+    def schema_of(option: str, seen: frozenset = frozenset()) -> type | None:
+        for entry in entries.get(option, []):
+            found = re.match(rf"^/schema/{group}/(\w+)@_here_$", entry)
+            if found:
+                return named.get(found.group(1))
+            if entry in entries and entry not in seen:  # an option extending another (fesem: femam)
+                return schema_of(entry, seen | {option})
+        return None
+
+    return {option: node for option in entries for node in [schema_of(option)] if node is not None}
+
+
+def _conf_defaults(path: str, conf_dir: Path = CONF_DIR) -> dict:
+    """The mapping conf/config.yaml gives ``path`` (e.g. ``clock.staleness``)."""
+    import yaml
+
+    node: Any = yaml.safe_load((conf_dir / "config.yaml").read_text())
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else {}

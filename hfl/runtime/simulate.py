@@ -359,6 +359,7 @@ def task(cfg: DictConfig) -> float | None:
         write_hydra_files(run_dir, cfg)
 
     try:
+        schema.check_keys(cfg)  # a key nothing reads (+algorithm.alhpa=0.5): refused before anything
         plain = OmegaConf.to_container(cfg, resolve=True)
         with interrupts.stop_on_signals(lambda: interrupts.interrupted_line(run_dir, overrides, rounds, config_name), handler), \
                 handler.progress(rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None), \
