@@ -102,15 +102,17 @@ class Clock:
             raise ConfigError("clock.speed.distribution", f"unknown {self.speed!r}; known: {', '.join(SPEEDS)}")
         for key, value in (("clock.step_seconds", self.step_seconds), ("clock.speed.value", self.speed_value),
                            ("clock.availability.period", self.period)):
-            if not value > 0:
-                raise ConfigError(key, f"must be > 0, got {value}")
+            if not (value > 0 and math.isfinite(value)):  # an infinite step or period stops simulated time
+                raise ConfigError(key, f"must be a finite number > 0, got {value}")
         if not 0 < self.online <= 1:
             raise ConfigError("clock.availability.online", f"must be in (0, 1], got {self.online}")
-        if self.sigma < 0:
-            raise ConfigError("clock.speed.sigma", f"must be >= 0, got {self.sigma}")
+        if not (self.sigma >= 0 and math.isfinite(self.sigma)):
+            raise ConfigError("clock.speed.sigma", f"must be a finite number >= 0, got {self.sigma}")
+        if not math.isfinite(self.mu):
+            raise ConfigError("clock.speed.mu", f"must be a finite number, got {self.mu}")
         for key, values in (("clock.latency", self.latency), ("clock.bandwidth", self.bandwidth)):
             for v in values if isinstance(values, tuple) else (values,):
-                if not v >= 0 or (key == "clock.bandwidth" and v == 0):
+                if not v >= 0 or (key == "clock.bandwidth" and v == 0) or (key == "clock.latency" and v == math.inf):
                     raise ConfigError(key, f"must be {'> 0' if key == 'clock.bandwidth' else '>= 0'}, got {v}")
 
     def speeds(self, device_ids: Sequence[int] | np.ndarray) -> np.ndarray:

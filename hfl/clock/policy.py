@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from hfl.clock.model import level_entry, per_level
+from hfl.clock.model import level_entry
 from hfl.errors import ConfigError
 from hfl.rules.steps import sgd_step
 
@@ -71,13 +71,25 @@ class LevelPolicy:
         kind = str(level_entry(clock.get("policy", "sync"), level, "clock.policy"))
         if kind not in POLICIES:
             raise ConfigError("clock.policy", f"unknown policy {kind!r}; known: {', '.join(POLICIES)}")
-        stale = dict(clock.get("staleness", {}))
-        policy = cls(kind, per_level(clock.get("deadline", math.inf), level, "clock.deadline"),
-                     int(per_level(clock.get("min_replies", 0), level, "clock.min_replies")),
-                     str(clock.get("late", "drop")), int(per_level(clock.get("buffer", 1), level, "clock.buffer")),
-                     int(per_level(clock.get("concurrency", 0), level, "clock.concurrency")),
-                     str(stale.get("function", "constant")), float(stale.get("a", 0.5)), float(stale.get("b", 4.0)),
-                     int(clock.get("max_staleness", 0)))
+        stale = dict(clock.get("staleness") or {})
+
+        def number(key: str, value: Any, kind: type = float) -> Any:
+            try:  # a value that is no number is refused naming its key, not with a bare ValueError
+                made = kind(value)
+            except (TypeError, ValueError):
+                raise ConfigError(key, f"must be a number, got {value!r}") from None
+            if kind is int and made != value:
+                raise ConfigError(key, f"must be a whole number, got {value!r}")
+            return made
+
+        policy = cls(kind, number("clock.deadline", level_entry(clock.get("deadline", math.inf), level, "clock.deadline")),
+                     number("clock.min_replies", level_entry(clock.get("min_replies", 0), level, "clock.min_replies"), int),
+                     str(clock.get("late", "drop")),
+                     number("clock.buffer", level_entry(clock.get("buffer", 1), level, "clock.buffer"), int),
+                     number("clock.concurrency", level_entry(clock.get("concurrency", 0), level, "clock.concurrency"), int),
+                     str(stale.get("function", "constant")), number("clock.staleness.a", stale.get("a", 0.5)),
+                     number("clock.staleness.b", stale.get("b", 4.0)),
+                     number("clock.max_staleness", clock.get("max_staleness", 0), int))
         policy.check()
         return policy
 
@@ -88,6 +100,11 @@ class LevelPolicy:
             raise ConfigError("clock.staleness.function", f"unknown {self.staleness!r}; known: {', '.join(STALENESS)}")
         if not self.deadline > 0:
             raise ConfigError("clock.deadline", f"must be > 0, got {self.deadline}")
+        # staleness weights: a negative a makes an older reply weigh more (polynomial) or divides by
+        # zero at s = b - 1/a (hinge); a negative b has no meaning (a staleness is >= 0)
+        for key, value in (("clock.staleness.a", self.a), ("clock.staleness.b", self.b)):
+            if not (value >= 0 and math.isfinite(value)):
+                raise ConfigError(key, f"must be a finite number >= 0, got {value}")
         for key, value, low in (("clock.buffer", self.buffer, 1), ("clock.min_replies", self.min_replies, 0),
                                 ("clock.concurrency", self.concurrency, 0), ("clock.max_staleness", self.max_staleness, 0)):
             if value < low:

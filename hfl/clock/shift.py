@@ -14,6 +14,8 @@ Draws depend on (seed, device, phase, split) alone, like every other draw (hfl.s
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -42,12 +44,14 @@ class Shift:
                    int(shift.get("memory", 0)), float(shift.get("dominance", 0.8)), float(shift.get("angle", 30.0)))
         if made.kind not in SHIFTS:
             raise ConfigError("clock.shift.kind", f"unknown {made.kind!r}; known: {', '.join(SHIFTS)}")
-        if not made.period > 0:
-            raise ConfigError("clock.shift.period", f"must be > 0, got {made.period}")
+        if not (made.period > 0 and math.isfinite(made.period)):
+            raise ConfigError("clock.shift.period", f"must be a finite number > 0, got {made.period}")
         if made.memory < 0:
             raise ConfigError("clock.shift.memory", f"must be >= 0, got {made.memory}")
         if not 0 <= made.dominance <= 1:
             raise ConfigError("clock.shift.dominance", f"must be in [0, 1], got {made.dominance}")
+        if not math.isfinite(made.angle):
+            raise ConfigError("clock.shift.angle", f"must be a finite number, got {made.angle}")
         return made
 
     def phase(self, t: float) -> int:
