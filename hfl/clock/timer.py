@@ -37,6 +37,12 @@ class RoundTiming:
     end: float
     late: int = 0
     stale: int = 0
+    pending: int = 0  # replies the round did not take but may still come or came empty: late, in flight, empty
+
+
+def is_empty(result: object) -> bool:
+    """A child's reply that carries nothing to merge (a subtree that merged nothing in its call)."""
+    return isinstance(result, FitRes) and result.metrics.get("payload") == "empty"
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,8 @@ class NodeTimer:
         wanted = self.policy.concurrency or sample_size(len(children), fraction)
         k = min(len(index), wanted - len(self.inflight) if self.policy.kind == "buffered" else wanted)
         if k <= 0:
+            if self.inflight:  # every child it could ask is busy: the node waits for the next reply to come
+                self.time = max(self.time, min(entry.arrival for entry in self.inflight))
             return []
         return [children[i] for i in seeded_subset(index, k, self.seed, "sample", self.path, round_path)]
 
@@ -135,7 +143,11 @@ class NodeTimer:
             self.inflight.append(InFlight(proxy.cid, self.arrival(proxy, result), self.version, result,
                                           decode(ins.parameters), proxy))
         closed, self.inflight = close_round(self.policy, start, self.inflight, self.version)
-        timing = RoundTiming(closed.end, late=len(closed.late) + len(closed.too_stale))
+        # An empty reply (its subtree merged nothing) is taken out of the merge: nothing to weigh
+        empty = [entry for entry in closed.merged if is_empty(entry.result)]
+        closed.merged = [entry for entry in closed.merged if not is_empty(entry.result)]
+        timing = RoundTiming(closed.end, late=len(closed.late) + len(closed.too_stale),
+                             pending=len(closed.late) + len(closed.too_stale) + len(self.inflight) + len(empty))
         for entry in closed.merged:
             staleness = self.version - entry.version
             weight = self.policy.weight(staleness)
@@ -159,7 +171,7 @@ def load_inflight(stored: dict[str, np.ndarray] | None) -> tuple[int, list[InFli
         return 0, []
     entries = []
     for i, meta in enumerate(json.loads(bytes(stored[f"{PREFIX}inflight"]).decode() or "[]")):
-        reply = [stored[f"{PREFIX}{i}_reply_{j}"] for j in range(meta["arrays"])]
+        reply = [stored[f"{PREFIX}{i}_reply_{j}"] for j in range(meta.get("reply_arrays", meta["arrays"]))]
         sent = [stored[f"{PREFIX}{i}_sent_{j}"] for j in range(meta["arrays"])]
         result = FitRes(Status(Code.OK, "Success"), LocalParameters(reply), meta["num_examples"], meta["metrics"])
         entries.append(InFlight(meta["cid"], meta["arrival"], meta["version"], result, sent))
@@ -173,9 +185,13 @@ def dump_inflight(version: int, inflight: list[InFlight]) -> dict[str, np.ndarra
     for i, entry in enumerate(inflight):
         res: FitRes = entry.result
         reply = decode(res.parameters)
-        for j, (r, s) in enumerate(zip(reply, entry.sent, strict=True)):
-            out[f"{PREFIX}{i}_reply_{j}"], out[f"{PREFIX}{i}_sent_{j}"] = np.asarray(r), np.asarray(s)
-        metas.append({"cid": entry.cid, "arrival": entry.arrival, "version": entry.version, "arrays": len(reply),
+        for j, r in enumerate(reply):  # an empty reply has none
+            out[f"{PREFIX}{i}_reply_{j}"] = np.asarray(r)
+        for j, s in enumerate(entry.sent):
+            out[f"{PREFIX}{i}_sent_{j}"] = np.asarray(s)
+        sizes = {} if len(reply) == len(entry.sent) else {"reply_arrays": len(reply)}
+        metas.append({"cid": entry.cid, "arrival": entry.arrival, "version": entry.version, "arrays": len(entry.sent),
+                      **sizes,
                       "num_examples": int(res.num_examples),
                       # wall-clock seconds left out: a resumed run stores what the uninterrupted one does
                       "metrics": {k: v for k, v in res.metrics.items() if k != "compute_seconds"}})

@@ -238,7 +238,9 @@ class NodeClient(NumPyClient):
         level = spec.level
         counters = dict(report.subtree)
         timed = [] if timer is None else [(f"late_level{level + 1}", report.late),
-                                          (f"stale_level{level + 1}", report.stale)]
+                                          (f"stale_level{level + 1}", report.stale),
+                                          (f"merged_rounds_level{level}", report.merged_rounds),
+                                          (f"empty_rounds_level{level}", report.empty_rounds)]
         for key, value in ((f"bytes_down_level{level}", report.bytes_down), (f"bytes_up_level{level}", report.bytes_up),
                            (f"failures_level{level + 1}", report.failures), *timed):
             counters[key] = counters.get(key, 0) + value
@@ -257,7 +259,11 @@ class NodeClient(NumPyClient):
             metrics["bytes_up_team"] = sum(v for k, v in counters.items() if k.startswith("bytes_up_level"))
         extra = rule.reply_parts()
         arrays, meta = model, {}
-        if extra:  # e.g. residual updates for the grandparent (strategies.bhfl)
+        if timer is not None and not report.merged_rounds:
+            # Nothing arrived in time in any of its rounds (hfl.clock): its model is its parent's, unchanged;
+            # its reply carries nothing to merge (neither a failure nor a rejection), its counters do count.
+            arrays, meta = pack("empty", None)
+        elif extra:  # e.g. residual updates for the grandparent (strategies.bhfl)
             arrays, meta = pack("parts", {"model": model, **extra})
         elif rule.reply_kind != "model":  # e.g. a gradient mean (strategies.pflego)
             arrays, meta = pack(rule.reply_kind, model)

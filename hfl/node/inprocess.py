@@ -191,7 +191,7 @@ def client_manager_of(proxies: list[ClientProxy]) -> SimpleClientManager:
 # Counters a node adds up over its subtree (its children's replies carry theirs).
 # fit_test_*: devices' own test of the model they trained this round (the PFLEGO paper's figure).
 SUBTREE_COUNTERS = ("bytes_down_level", "bytes_up_level", "failures_level", "device_failures", "rejected", "fit_test_",
-                    "late_level", "stale_level")
+                    "late_level", "stale_level", "merged_rounds_level", "empty_rounds_level")
 
 
 @dataclass
@@ -210,6 +210,8 @@ class RoundsReport:
     sim_time: float | None = None  # the simulated time the last round closed (hfl.clock)
     late: int = 0  # replies dropped as late (deadline) or too stale
     stale: int = 0  # replies merged stale
+    merged_rounds: int = 0  # rounds that merged replies (hfl.clock: a policy may close a round with none)
+    empty_rounds: int = 0  # rounds in which no reply arrived in time: the model stays as it was
 
     def add_timing(self, timing: RoundTiming) -> None:
         self.sim_time = timing.end
@@ -281,6 +283,11 @@ def run_fit_rounds(
         report.bytes_down += sum(payload_nbytes(ins.parameters) for _, ins in calls)
         outcomes = fit_many(calls)
         if timer is not None:
+            # A subtree's counters (its failures first) count when it computed them, whether its reply is
+            # merged now, in a later round or never (dropped as late): as the root counts them.
+            for res in outcomes:
+                if isinstance(res, FitRes) and res.status.code == Code.OK:
+                    report.add_child_counters(res.metrics)
             closed, timing = timer.close(calls, outcomes, decode(parameters))
             report.add_timing(timing)
             by_cid = {proxy.cid: proxy for proxy, _ in calls}
@@ -298,11 +305,16 @@ def run_fit_rounds(
                 failures.append((proxy, res))
                 continue
             report.bytes_up += payload_nbytes(res.parameters)
-            report.add_child_counters(res.metrics)
+            if timer is None:
+                report.add_child_counters(res.metrics)
             results.append((proxy, res))
-        report.failures += len(failures)
-        if timer is not None and not results and timer.policy.kind != "sync":
-            report.metrics.append({"empty": 1})  # nothing arrived in time: the model stays as it was
+        report.failures += len(failures)  # in every round of every policy, merged or not
+        if timer is not None and not results and (timing.pending or not failures):
+            # No reply arrived in time (the others are late, in flight or came empty): the policy merges
+            # nothing this round, the model stays as it was; counted. Failures alone with nothing left to
+            # come go on to aggregate_fit, which stops the call naming the first failure, as under sync.
+            report.empty_rounds += 1
+            report.metrics.append({"empty": 1})
             continue
         aggregated, metrics = strategy.aggregate_fit(server_round, results, failures)
         if aggregated is None:
@@ -314,6 +326,7 @@ def run_fit_rounds(
                 f"{first_failure(failures)}"  # e.g. CUDA out of memory: the cause, not just a count
             )
         parameters = aggregated
+        report.merged_rounds += 1
         report.metrics.append(dict(metrics))
         report.num_examples = sum(res.num_examples for _, res in results if res.metrics.get("payload") != "empty")
     return parameters, report

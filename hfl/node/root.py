@@ -17,7 +17,8 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from flwr.common import EvaluateIns, FitIns, GetPropertiesIns, NDArrays, Parameters, Scalar, ndarrays_to_parameters
+import numpy as np
+from flwr.common import EvaluateIns, FitIns, FitRes, GetPropertiesIns, NDArrays, Parameters, Scalar, ndarrays_to_parameters
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
@@ -28,7 +29,7 @@ from hfl.clock.policy import LevelPolicy
 from hfl.clock.timer import PREFIX as CLOCK_PREFIX
 from hfl.clock.timer import SIM_TIME, NodeTimer, without_clock
 from hfl.node.inprocess import NamedChild
-from hfl.errors import first_failure
+from hfl.errors import ConfigError, first_failure
 from hfl.node.client import EVAL_SAMPLES, node_key
 from hfl.node.evaluation import pool_evaluations
 from hfl.node.faults import Dropout
@@ -39,6 +40,7 @@ from hfl.tree.sampling import DeviceDraw, EvaluationDraw
 
 log = logging.getLogger(__name__)
 ROOT_KEY = node_key("")  # "node-root": the store key of the node at path ""
+MERGES = f"{CLOCK_PREFIX}merges"  # the root's stored count of merged and empty rounds per level
 
 
 class RootStrategy(Strategy):
@@ -72,6 +74,9 @@ class RootStrategy(Strategy):
             clock, policy or LevelPolicy(), level=0, lowest=False, path="", seed=seed, stored=stored, new_call=False,
             start=float(stored.get(f"{CLOCK_PREFIX}time", 0.0)) if stored else 0.0)
         self._sent: dict[str, FitIns] = {}
+        # Per level (str), the rounds of its nodes that merged replies and those that merged nothing (hfl.clock)
+        self.merges: dict[str, dict[str, int]] = json.loads(bytes(stored[MERGES]).decode()) \
+            if stored and MERGES in stored else {}
         self.current: NDArrays = self.rule.start()
         self.num_teams = num_teams
         self.num_rounds = num_rounds
@@ -111,6 +116,11 @@ class RootStrategy(Strategy):
         if self.timer is not None and self.timer.policy.kind != "sync":  # the idle level-1 nodes it asks
             by_path = sorted((int(self._path_of(p, server_round)), p) for p in teams)
             teams = self.timer.pick([p for _, p in by_path], 1.0, str(server_round))
+            if not teams:
+                # Every level-1 node is busy: the round closes over the replies in flight (the timer has
+                # moved to the next arrival). Flower cancels a fit round with nobody to ask, so it closes here.
+                self._aggregate(server_round, [], [])
+                return []
         teams = self._drop_nodes(server_round, teams)
         arrays, meta = self.rule.fit_message(server_round, self.current)
         parameters = ndarrays_to_parameters(arrays)
@@ -161,43 +171,55 @@ class RootStrategy(Strategy):
         """Add a level-1 node's subtree counters (bytes per edge level, seconds) to the round's."""
         for key, value in metrics.items():
             if key in ("bytes_down_team", "bytes_up_team", "compute_seconds") or (
-                key.startswith(("bytes_down_level", "bytes_up_level", "failures_level", "late_level", "stale_level"))
+                key.startswith(("bytes_down_level", "bytes_up_level", "failures_level", "late_level", "stale_level",
+                                "merged_rounds_level", "empty_rounds_level"))
                 and key[-1].isdigit()
             ):
                 self._round[key] = self._round.get(key, 0) + value
 
-    def _timed(self, results: list) -> list:
+    def _timed(self, results: list) -> tuple[list, int]:
         """The replies the root's policy merges this round (hfl.clock): all with sync; the level-1
-        replies that arrived in time or filled the buffer otherwise, stale ones as weighted deltas."""
+        replies that arrived in time or filled the buffer otherwise, stale ones as weighted deltas;
+        and how many it did not take but may still come (late, in flight, empty)."""
         calls = [(proxy, self._sent[proxy.cid]) for proxy, _ in results]
         closed, timing = self.timer.close(calls, [res for _, res in results], self.current)
         self._round["sim_time"] = timing.end
         self._round["late_level1"] = self._round.get("late_level1", 0) + timing.late
         self._round["stale_level1"] = self._round.get("stale_level1", 0) + timing.stale
-        return [(entry.proxy or NamedChild(entry.cid), entry.result) for entry in closed.merged]
+        return [(entry.proxy or NamedChild(entry.cid), entry.result) for entry in closed.merged], timing.pending
 
     def aggregate_fit(self, server_round, results, failures):  # noqa: ANN001
+        return self._aggregate(server_round, results, failures)
+
+    def _aggregate(self, server_round: int, results: list, failures: list) -> tuple[Parameters, dict]:
         # In node order, not arrival order (Flower's server collects futures in any order); a subtree's
         # counters count when it computed them, whether its reply is merged now, later (hfl.clock) or never.
         for _, res in sorted(results, key=lambda r: node_order(r[1].metrics)):
             self._count_team_report(res.metrics)
+            if self.timer is not None:  # merged or not (without a clock: every reply, below)
+                self._count_subtree(res)
+        # A level-1 node that failed is counted in the round it failed in, whatever the policy.
+        self._round["failures"] += len(failures)
+        self._round["failures_level1"] = self._round.get("failures_level1", 0) + len(failures)
         if self.timer is not None:
-            results = self._timed(results)
-            if not results and self.timer.policy.kind != "sync":
+            results, pending = self._timed(results)
+            if not results and (pending or not failures):
+                # No level-1 reply arrived in time: the policy merges nothing this round (counted); failures
+                # alone with nothing left to come stop the run below, naming the first, as under sync.
+                self._round["empty_rounds_level0"] = self._round.get("empty_rounds_level0", 0) + 1
                 self._save()
-                return ndarrays_to_parameters(self.current), {}  # nothing arrived in time
+                return ndarrays_to_parameters(self.current), {}
         accepted, rejected = accept_results(results, self.current, "team_id", "global")
         team_ids = [u.metrics.get("team_id") for u in accepted]
         if len(set(team_ids)) != len(team_ids):
             raise RuntimeError(f"global round {server_round}: duplicate team ids {sorted(team_ids)}; "
                                "two nodes serve the same team (check partition-id)")
-        self._round["failures"] += len(failures) + rejected
-        self._round["failures_level1"] = self._round.get("failures_level1", 0) + len(failures) + rejected
+        self._round["failures"] += rejected
+        self._round["failures_level1"] += rejected
         for _, res in sorted(results, key=lambda r: node_order(r[1].metrics)):
             self._round["bytes_up_global"] += payload_nbytes(res.parameters)
-            if res.metrics.get("samples"):
-                self._round.setdefault("samples", []).append(str(res.metrics["samples"]))
-            self._round["failures"] += int(res.metrics.get("device_failures", 0))
+            if self.timer is None:
+                self._count_subtree(res)
         if not accepted:
             raise RuntimeError(
                 f"global round {server_round}: no team model to aggregate "
@@ -216,11 +238,26 @@ class RootStrategy(Strategy):
         for key in ("fit_test_correct", "fit_test_samples"):
             self._round[key] = sum(int(res.metrics.get(key, 0)) for _, res in results)
         self.current = self.rule.aggregate(self.current, Replies(server_round, str(server_round), accepted))
+        if self.timer is not None:
+            self._round["merged_rounds_level0"] = self._round.get("merged_rounds_level0", 0) + 1
         self._save()
         return ndarrays_to_parameters(self.current), {}
 
+    def _count_subtree(self, res: FitRes) -> None:
+        """A level-1 reply's sample records and its subtree's failures, counted once."""
+        if res.metrics.get("samples"):
+            self._round.setdefault("samples", []).append(str(res.metrics["samples"]))
+        self._round["failures"] += int(res.metrics.get("device_failures", 0))
+
     def _save(self) -> None:
-        clock = {} if self.timer is None else self.timer.state()
+        clock = {}
+        if self.timer is not None:  # the run's rounds merged or empty per level so far (a resumed run goes on from them)
+            for key, value in self._round.items():
+                level = key.rsplit("level", 1)[-1]
+                if key.startswith(("merged_rounds_level", "empty_rounds_level")) and level.isdigit():
+                    kind = key.split("_", 1)[0]
+                    self.merges.setdefault(level, {"merged": 0, "empty": 0})[kind] += int(value)
+            clock = {**self.timer.state(), MERGES: np.frombuffer(json.dumps(self.merges).encode(), dtype=np.uint8)}
         self.store.save(ROOT_KEY, {**model_state(self.current), **self.rule.state(), **clock})
 
     def evaluate(self, server_round, parameters):  # noqa: ANN001
@@ -270,5 +307,27 @@ class RootStrategy(Strategy):
 
     def _finish(self, server_round: int, evaluation: dict | None) -> None:
         seconds = time.perf_counter() - self._round.pop("start")
+        idle = never_merged(self.merges) if self.timer is not None and server_round == self.num_rounds else []
+        for level in idle:
+            log.warning("%s", idle_message(level, self.merges[level], server_round))
+        if idle and self.recorder is not None:  # summary.json says so (the recorder writes its meta into it)
+            self.recorder.meta["never_merged"] = [int(level) for level in idle]
         if self.recorder is not None:
             self.recorder.round_done(server_round, seconds, dict(self._round), evaluation, self.current)
+        if idle and len(idle) == len(self.merges):
+            raise ConfigError("clock.deadline" if self.timer.policy.kind == "deadline" else "clock.policy",
+                              f"no node at any level merged a reply in {server_round} global rounds: the run "
+                              "trained nothing (every reply was late, in flight or failed); give the slowest "
+                              "subtree time to answer (a longer clock.deadline, or clock.late=next)")
+
+
+def never_merged(merges: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """The levels (root first) whose nodes closed rounds but never merged a reply in the run."""
+    return sorted((level for level, counts in merges.items() if not counts["merged"] and counts["empty"]), key=int)
+
+
+def idle_message(level: str, counts: Mapping[str, int], rounds: int) -> str:
+    where = "the root" if level == "0" else f"the level-{level} nodes"
+    return (f"{where} never merged a reply in {rounds} global rounds ({counts['empty']} rounds closed with "
+            f"nothing arrived in time): {'the global model' if level == '0' else 'their models'} did not train; "
+            "a longer clock.deadline (or clock.late=next) lets the slower subtrees answer")
