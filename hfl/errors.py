@@ -111,19 +111,21 @@ def _numbers(tree: Mapping, prefix: str = "") -> list[tuple[str, float]]:
     return out
 
 
-def user_error(exc: BaseException, cfg: Mapping | None = None, run_dir: str | Path | None = None) -> str | None:
+def user_error(exc: BaseException, cfg: Mapping | None = None, run_dir: str | Path | None = None,
+               key: str | None = None) -> str | None:
     """One line (no program name) for an error the user can fix: a bad setting (ConfigError,
     DatasetNotFoundError), a file system error (a full disk, a read-only or file-as-directory
     path), a diverged run; None for anything else, which is a bug and keeps its traceback.
     ``cfg``: the run's config, to name the key that chose a path; ``run_dir``: the path named
-    when the error does not say (a node's failure reaches the root as text, without it)."""
+    when the error does not say (a node's failure reaches the root as text, without it); ``key``:
+    the option that chose a path (hfl-deploy's ``--out``), instead of the setting found from ``cfg``."""
     chain = _chain(exc)
     for error in chain:
         if isinstance(error, ConfigError | DatasetNotFoundError):
             return one_line(str(error))
     for error in chain:
         if isinstance(error, OSError) and error.errno is not None:
-            message = file_system_message(error.errno, str(error.filename or run_dir or ""), cfg)
+            message = file_system_message(error.errno, str(error.filename or run_dir or ""), cfg, key)
             if message is not None:
                 return message
     text = " ".join(str(error) for error in chain)

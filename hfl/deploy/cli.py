@@ -33,12 +33,17 @@ from pathlib import Path
 from hfl.deploy import certs, roles
 from hfl.deploy.control import ControlClient
 from hfl.deploy.datafile import check_data_file
+from hfl.deploy.private import private_dir, private_umask
 from hfl.deploy.wiring import PROJECT_DIR
-from hfl.errors import ConfigError
+from hfl.errors import ConfigError, one_line, user_error
 
 
 def supervise(commands: list[list[str]]) -> int:
-    """Run the role's processes; when one ends (or on SIGTERM/SIGINT) stop the others."""
+    """Run the role's processes; when one ends (or on SIGTERM/SIGINT) stop the others. They run
+    under umask 0077, as does every process they start (Flower's SuperExec, the ServerApp and
+    ClientApp processes, hfl's node servers): what they write on this host — a SuperLink's
+    superlink.db, node state, mailboxes, device data and state — is readable by its owner alone."""
+    private_umask()
     env = roles.process_env()
     procs = [subprocess.Popen([roles.executable(c[0]), *c[1:]], env=env, preexec_fn=roles.default_signals)
              for c in commands]
@@ -102,6 +107,9 @@ def submit(args: argparse.Namespace) -> int:
     from hfl.deploy.submit import COMPLETED, see_through
 
     run_name = args.run_name or time.strftime("%Y-%m-%d_%H-%M-%S")
+    from hfl.deploy.private import confined_name, run_dir
+
+    run_dir({"output-dir": str(output_dir), "run-name": confined_name("--run-name", run_name)}, run_name)  # as the root checks them
     with tempfile.TemporaryDirectory(prefix="hfl-submit-") as home:
         link = ControlClient(args.superlink, args.root_certificates or "", Path(home), Path(args.app_dir))
         run_config = {"tier": "global", "overrides": shlex.join(overrides), "output-dir": str(output_dir),
@@ -189,6 +197,10 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("certs", help="a CA and a server certificate for SuperLinks")
     c.add_argument("--out", required=True)
     c.add_argument("--name", action="append", default=[], help="a host name or IP the SuperLinks are reached by")
+    c.add_argument("--replace-ca", action="store_true",
+                   help="replace the CA and server files already in --out (every SuperNode must get the new ca.crt)")
+    c.add_argument("--keep-existing", action="store_true",
+                   help="--out already holds all four files: leave them as they are (a certs step run again)")
     k = sub.add_parser("node-key", help="a SuperNode authentication key pair")
     k.add_argument("--out", required=True)
     k.add_argument("--name", required=True)
@@ -214,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(shlex.join(c) for c in commands))
                 return 0
             if args.command in ("node", "team"):
-                Path(args.work_dir).mkdir(parents=True, exist_ok=True)  # its SuperLink's database is there
+                private_dir(args.work_dir)  # its SuperLink's database is there
             return supervise(commands)
         if args.command == "submit":
             return submit(args)
@@ -228,7 +240,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hfl-deploy simulate: {status}", flush=True)
             return 0 if status == "finished:completed" else 1
         if args.command == "certs":
-            paths = certs.make_tls(args.out, args.name or ["localhost"])
+            existing = [Path(args.out) / name for name in certs.TLS_FILES.values()]
+            if args.keep_existing and all(p.is_file() and not p.is_symlink() for p in existing):
+                print("\n".join(str(p) for p in existing))  # a compose file's certs service, run again
+                return 0
+            paths = certs.make_tls(args.out, args.name or ["localhost"], replace_ca=args.replace_ca)
             print("\n".join(str(p) for p in paths.values()))
             return 0
         if args.command == "export-data":
@@ -245,8 +261,33 @@ def main(argv: list[str] | None = None) -> int:
             ControlClient(args.superlink, args.root_certificates or "", Path(home), PROJECT_DIR) \
                 .register_supernode(Path(args.public_key))
         return 0
-    except (FileNotFoundError, RuntimeError, TimeoutError, ValueError, ConfigError) as exc:
-        raise SystemExit(f"hfl-deploy: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - what the user can fix is one line; a bug keeps its traceback
+        line = _user_line(exc, PATH_OPTION.get(args.command))
+        if line is None:
+            raise
+        raise SystemExit(f"hfl-deploy: {line}") from None
+
+
+# The option that chose the path a command writes to, named in a file system error's line.
+PATH_OPTION = {"certs": "--out", "node-key": "--out", "export-data": "--out", "node": "--work-dir",
+               "team": "--work-dir", "device": "--state-dir", "simulate": "--output-dir"}
+
+
+def _user_line(exc: BaseException, key: str | None = None) -> str | None:
+    """One line for an error the user can fix, as hfl-simulate words them (hfl.errors.user_error:
+    a bad setting, a read-only or full folder; hfl.config.schema: an unknown or mistyped key), or
+    hfl-deploy's own refusals; None for anything else (a bug)."""
+    from hydra.errors import CompactHydraException
+
+    from hfl.config import schema
+
+    line = schema.config_error(exc) or user_error(exc, key=key)
+    if line is not None:
+        return one_line(str(line))
+    if isinstance(exc, FileNotFoundError | RuntimeError | TimeoutError | ValueError | ConfigError
+                  | CompactHydraException | certs.KeyExistsError):
+        return one_line(str(exc))
+    return None
 
 
 if __name__ == "__main__":

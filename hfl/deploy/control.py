@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from hfl.deploy.private import private_dir
 from hfl.deploy.roles import executable, flwr_home_config, toml_value
 
 log = logging.getLogger("hfl")
@@ -26,7 +27,7 @@ class ControlClient:
         self.home = home
         self.app_dir = app_dir
         self.prefix = prefix or []  # what runs the CLI on the SuperLink's host (a network namespace in tests)
-        home.mkdir(parents=True, exist_ok=True)
+        private_dir(home)  # FLWR_HOME: Flower keeps its credentials and app copies there
         ca = str(Path(root_certificates).resolve()) if root_certificates else ""  # the CLI wants it absolute
         (home / "config.toml").write_text(flwr_home_config(CONNECTION, address, ca))
 

@@ -12,6 +12,7 @@ Node config (``flower-supernode --node-config``):
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +28,8 @@ from hfl.data import DeviceData
 from hfl.models import build_model
 from hfl.runtime.build import device_classes, device_data, device_runtime, federation_for, model_classes
 from hfl.deploy.datafile import check_data_file
+from hfl.deploy.private import confined_name, private_dir, write_private
+from hfl.errors import ConfigError
 from hfl.deploy.roles import DEFAULT_STATE_DIR
 from hfl.state.store import StateStore, atomic_savez
 from hfl.device.training import LocalTrainer
@@ -110,11 +113,17 @@ def load_device_data(path: str | Path, device_id: int) -> tuple[DeviceData, int]
 
 
 def export_device_data(cfg: Mapping, device_id: int, path: str | Path) -> None:
-    """Write one partition of the configured federation as a device data file."""
+    """Write one partition of the configured federation as a device data file, readable by its
+    owner alone (a device's data is private; a symlink at ``path`` is replaced, not followed)."""
     fed = federation_for(cfg)
+    if not 0 <= device_id < len(fed.devices):  # -1 would be the last device: a silent wrong file
+        raise ConfigError("--device-id", f"{device_id} is no device of the federation: valid ids are "
+                                         f"0..{len(fed.devices) - 1}")
     d = fed.devices[device_id]
-    np.savez(path, x_train=d.x_train.numpy(), y_train=d.y_train.numpy(), x_test=d.x_test.numpy(),
+    buffer = io.BytesIO()
+    np.savez(buffer, x_train=d.x_train.numpy(), y_train=d.y_train.numpy(), x_test=d.x_test.numpy(),
              y_test=d.y_test.numpy(), num_classes=np.array(fed.num_classes))
+    write_private(path, buffer.getvalue(), replace=True)
 
 
 def partition(cfg: Mapping, device_id: int, folder: Path) -> tuple[DeviceData, int, tuple, list[int] | None]:
@@ -136,7 +145,7 @@ def partition(cfg: Mapping, device_id: int, folder: Path) -> tuple[DeviceData, i
         raise ValueError(f"device-id {device_id} does not exist: the federation has {len(fed.devices)} devices")
     data, num_classes = device_data(cfg, fed, device_id), model_classes(cfg, fed)
     classes = device_classes(fed, device_id) if cfg["algorithm"].get("local_labels", False) else None
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)
     atomic_savez(path, **{k: getattr(data, k).numpy() for k in ("x_train", "y_train", "x_test", "y_test", "x_val", "y_val")},
                  num_classes=np.array(num_classes), input_shape=np.array(fed.input_shape),
                  classes=np.array(classes or [], dtype=np.int64), has_classes=np.array(classes is not None))
@@ -148,7 +157,7 @@ def device_client(cfg: Mapping, node_config: Mapping[str, Scalar], state_key: st
     if "device-id" not in node_config:
         raise ValueError('a device SuperNode needs device-id in its node config (--node-config "role=\'device\' device-id=N")')
     device_id = int(node_config["device-id"])
-    state_folder = Path(str(node_config.get("state-dir") or DEFAULT_STATE_DIR)) / state_key
+    state_folder = Path(str(node_config.get("state-dir") or DEFAULT_STATE_DIR)) / confined_name("state-key", state_key)
     if node_config.get("data-path"):
         data, num_classes = load_device_data(str(node_config["data-path"]), device_id)
         input_shape = tuple(data.x_train.shape[1:])

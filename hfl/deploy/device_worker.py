@@ -30,6 +30,7 @@ from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 
 from hfl.deploy.mailbox import Letter, Mailbox, request_name
+from hfl.deploy.private import confined_name, private_umask
 from hfl.deploy.roles import DEFAULT_STATE_DIR
 
 log = logging.getLogger("hfl")
@@ -95,6 +96,7 @@ def handle(letter: Letter, node_config: Mapping, compose: Callable[[str], Mappin
     key, overrides = str(config.pop(KEY)), str(config.pop(OVERRIDES))
     state_dir = Path(str(node_config.get("state-dir") or DEFAULT_STATE_DIR))
     try:
+        key = confined_name("state-key", key)  # it names a folder in the state directory
         cfg = cached_config(state_dir / key, overrides, lambda: compose(overrides))
         device = device_client(cfg, node_config, key)
         if letter.action == "fit":
@@ -147,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--state-dir")
     p.add_argument("--data-path")
     args = p.parse_args(argv)
+    private_umask()  # the device's state and data: the owner's alone
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     node_config = {"role": "device", "device-id": args.device_id}
     if args.state_dir:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from flwr.common import NDArrays
 
+from hfl.deploy.private import private_dir
 from hfl.state.store import atomic_savez, atomic_write_bytes
 
 ACTIONS = ("fit", "evaluate", "stop")
@@ -56,7 +57,7 @@ class Mailbox:
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
         for sub in ("requests", "replies"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+            private_dir(self.root / sub)  # models and data in transit: the owner's alone
 
     @property
     def alive_file(self) -> Path:

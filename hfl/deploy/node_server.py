@@ -8,15 +8,21 @@ the requests the bridge posts (``hfl.deploy.mailbox``) by running the node's rou
 children through the Grid (``hfl.deploy.grid``). Its state — the node's model, its rule's
 state — lives in the host's work directory under the experiment's key, so a node server that is
 killed and started again goes on from it.
+
+A node server whose SuperLink is gone ends (``watch_superlink``): Flower's Grid retries a call
+to a SuperLink that refuses connections forever (``flwr.supercore.retry.http_retry``: no
+``max_tries``, no ``max_time``), so a check through the Grid would itself wait forever, and a
+node server busy in a round would never look.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from flwr.app import Context
@@ -25,6 +31,7 @@ from flwr.serverapp.grid import Grid
 from hfl.deploy.children import Children
 from hfl.deploy.grid import evaluate_targets_together, evaluate_together, fit_together, tell_stop
 from hfl.deploy.mailbox import Letter, Mailbox
+from hfl.deploy.private import confined_dir, confined_name, private_dir, private_umask
 from hfl.state.store import StateStore
 
 log = logging.getLogger("hfl")
@@ -33,7 +40,7 @@ log = logging.getLogger("hfl")
 def log_to(path: Path) -> None:
     """A ServerApp's output goes to Flower's run log, read with ``flwr log``; the host's operator
     reads this file (it outlives the SuperLink)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
@@ -49,9 +56,10 @@ def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
 
     use_runtime_threads(cfg["runtime"])  # a node's own training (e.g. B-HFL's proxy steps), as in simulation
 
+    private_umask()  # its state, mailbox and log: the owner's alone (this process is the node server's own)
     run_config = context.run_config
     path = str(run_config["path"])
-    work = Path(str(run_config["work-dir"])) / str(run_config["state-key"])
+    work = confined_dir("work-dir", run_config["work-dir"]) / confined_name("state-key", run_config["state-key"])
     box = Mailbox(work)
     tree = federation_for(cfg).tree
     if path not in tree.inner_paths:
@@ -69,17 +77,12 @@ def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
     (work / "server.pid").write_text(str(os.getpid()))  # for the host's operator (and the restart test)
     stop = threading.Event()
     box.keep_beating(stop)
+    watch_superlink(grid, stop, name=f"node {path}")  # gone, or its parent gone: nobody to serve, even mid-round
     idle_limit = float(runtime.get("team_run_timeout", 3600))
     last = time.monotonic()
     log.info("node %s: serving requests from %s", path, work)
     try:
-        lost, next_look = 0, time.monotonic() + 5.0
         while time.monotonic() - last < idle_limit:
-            if time.monotonic() > next_look:  # a node server whose SuperLink is gone has nobody to serve
-                lost, next_look = _superlink_lost(grid, lost), time.monotonic() + 5.0
-                if lost >= 3:
-                    log.error("node %s: its SuperLink has not answered for 15 s; the node server ends", path)
-                    return
             pending = box.pending()
             if not pending:
                 # 10 ms right after an answer (the parent's next request is near), 0.1 s when idle
@@ -106,13 +109,54 @@ def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
         stop.set()
 
 
-def _superlink_lost(grid: Grid, lost: int) -> int:
-    """How many looks in a row the SuperLink has not answered (0 once it does)."""
+def _superlink_lost(grid: Grid, lost: int, timeout: float = 3.0) -> int:
+    """How many looks in a row the SuperLink has not answered (0 once it does). Flower's HTTP
+    Grid (its address in ``_addr``) is probed with a plain connection, ``timeout`` seconds at
+    most: through the Grid a refused connection is retried forever. Any other Grid is asked
+    for its nodes."""
+    address = getattr(grid, "_addr", None)
     try:
-        grid.get_node_ids()
+        if isinstance(address, str) and address:
+            host, _, port = address.rpartition(":")
+            socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout).close()
+        else:
+            grid.get_node_ids()
         return 0
     except Exception:  # noqa: BLE001 - connection refused, run stopped: the reason is in Flower's log
         return lost + 1
+
+
+def _end_now(reason: str) -> None:
+    """End this process at once: its SuperLink (or the SuperExec that started it) is gone, so
+    Flower's own exit, which reports to the SuperLink, could wait forever. The node's state is
+    saved atomically after every round, as it is for a killed node server."""
+    log.error("%s; the node server ends", reason)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(1)
+
+
+def watch_superlink(grid: Grid, stop: threading.Event, *, name: str = "node", every: float = 5.0, misses: int = 3,
+                    end: Callable[[str], None] = _end_now) -> threading.Thread:
+    """A daemon thread that ends the node server (``end``) once its SuperLink has not answered
+    ``misses`` looks ``every`` seconds apart, or once its parent process (the SuperExec that
+    started it) is gone; it stops looking when ``stop`` is set."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        lost = 0
+        while not stop.wait(every):
+            if os.getppid() != parent:
+                end(f"{name}: the process that started it ({parent}) is gone")
+                return
+            lost = _superlink_lost(grid, lost, timeout=min(every, 3.0))
+            if lost >= misses:
+                end(f"{name}: its SuperLink has not answered for {lost * every:.0f} s")
+                return
+
+    thread = threading.Thread(target=watch, name="superlink-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def _handle(letter: Letter, make_node) -> Letter:  # noqa: ANN001

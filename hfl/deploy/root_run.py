@@ -27,6 +27,7 @@ log = logging.getLogger("hfl")
 def serve_root(grid: Grid, context: Context, cfg: Mapping, out: Path) -> None:
     from hfl.accel.batched import use_runtime_threads
     from hfl.deploy.node_server import log_to
+    from hfl.deploy.private import private_umask
     from hfl.output import tracking
     from hfl.runtime.apps import build_global_strategy, rounds_left
     from hfl.runtime.build import check_tree, federation_for
@@ -34,6 +35,7 @@ def serve_root(grid: Grid, context: Context, cfg: Mapping, out: Path) -> None:
     from hfl.state.lock import RunLock
     from hfl.state.resume import prepare
 
+    private_umask()  # the run's state, checkpoints and outputs: the owner's alone (this process is the root's own)
     log_to(out / "root.log")
     tree = federation_for(cfg).tree
     check_tree(cfg, tree)  # as hfl-simulate does (hfl-deploy submit did too)

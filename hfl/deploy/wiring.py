@@ -21,6 +21,7 @@ from flwr.common import Context, NDArrays, Scalar
 from hfl.deploy.bridge import NodeBridge, node_properties, submit_node_server
 from hfl.deploy.control import ControlClient
 from hfl.deploy.mailbox import Mailbox
+from hfl.deploy.private import confined_name, private_dir, private_umask
 from hfl.deploy.roles import DEFAULT_STATE_DIR
 from hfl.state.store import atomic_write_bytes
 
@@ -46,8 +47,9 @@ def check_role(tier: str, role: object) -> None:
 
 
 def state_key(context: Context) -> str:
-    """What names an experiment on every host: the root run's key, passed down by node servers."""
-    return str(context.run_config.get("state-key") or f"run-{context.run_id}")
+    """What names an experiment on every host: the root run's key, passed down by node servers;
+    one folder name (it names a folder in every host's work or state directory)."""
+    return confined_name("state-key", context.run_config.get("state-key") or f"run-{context.run_id}")
 
 
 def node_path(node: Mapping) -> str:
@@ -108,7 +110,7 @@ def cached_config(folder: Path, overrides: str, compose: Callable[[], Mapping]) 
     except (OSError, ValueError):
         pass
     cfg = compose()
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)
     atomic_write_bytes(path, json.dumps(cfg).encode())
     return cfg
 
@@ -118,6 +120,7 @@ def deployed_client(context: Context, config: Callable[[], Mapping]) -> Client:
     node = context.node_config
     role = node.get("role")
     check_role(tier_of(context), role)
+    private_umask()  # this ClientApp process writes the node's or device's state: the owner's alone
 
     bridge = role in ("node", "team")
     folder = Path(str(node.get("work-dir") if bridge else node.get("state-dir") or DEFAULT_STATE_DIR)) / state_key(context)

@@ -142,9 +142,7 @@ def compose_config(overrides: str, run_id: int) -> dict:
 
     schema.register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        composed = compose("config", overrides=shlex.split(overrides))
-        schema.check_keys(composed)  # a key nothing reads (a misspelt +key) is refused like a bad value
-        cfg = OmegaConf.to_container(composed, resolve=True)
+        cfg = OmegaConf.to_container(compose("config", overrides=shlex.split(overrides)), resolve=True)
     validate(cfg)
     # runtime.state_dir (a directory every Ray node mounts) or this machine's temp dir; a folder per run
     base = cfg["runtime"].get("state_dir") or tempfile.gettempdir()
@@ -156,11 +154,13 @@ def _context_config(context: Context) -> dict:
     return compose_config(str(context.run_config.get("overrides", "")), context.run_id)
 
 
-def _output_dir(context: Context) -> Path:
+def _output_dir(context: Context, deployed: bool = False) -> Path:
     """``output-dir``/``run-name`` (hfl-deploy submit names its runs, so that a resubmitted run
-    finds its directory), or a folder named by the time."""
-    name = str(context.run_config.get("run-name", "")) or time.strftime("%Y-%m-%d_%H-%M-%S")
-    out = Path(str(context.run_config.get("output-dir", "outputs/flwr"))) / name
+    finds its directory), or a folder named by the time; checked (hfl.deploy.private.run_dir):
+    deployed, an absolute output-dir."""
+    from hfl.deploy.private import run_dir
+
+    out = run_dir(context.run_config, time.strftime("%Y-%m-%d_%H-%M-%S"), absolute=deployed)
     log.info("hfl: writing outputs to %s", out.resolve())
     return out
 
@@ -186,7 +186,7 @@ class _ServerApp(ServerApp):
         elif cfg["runtime"]["name"] == "deployment":
             from hfl.deploy.root_run import serve_root
 
-            serve_root(grid, context, cfg, _output_dir(context))
+            serve_root(grid, context, cfg, _output_dir(context, deployed=True))
         else:
             super().__call__(grid, context)
 
