@@ -142,7 +142,9 @@ def compose_config(overrides: str, run_id: int) -> dict:
 
     schema.register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = OmegaConf.to_container(compose("config", overrides=shlex.split(overrides)), resolve=True)
+        composed = compose("config", overrides=shlex.split(overrides))
+        schema.check_keys(composed)  # a key nothing reads (a misspelt +key) is refused like a bad value
+        cfg = OmegaConf.to_container(composed, resolve=True)
     validate(cfg)
     # runtime.state_dir (a directory every Ray node mounts) or this machine's temp dir; a folder per run
     base = cfg["runtime"].get("state_dir") or tempfile.gettempdir()
