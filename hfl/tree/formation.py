@@ -28,7 +28,7 @@ import numpy as np
 from hfl.config.checks import check_number
 from hfl.errors import ConfigError
 from hfl.seed import rng
-from hfl.tree.shape import Tree, check_fanout, from_fanout, from_nested, from_teams
+from hfl.tree.shape import Tree, check_device_count, check_fanout, from_fanout, from_nested, from_teams
 
 FORMATIONS = ("random", "sequential", "by_label", "explicit", "tree")
 
@@ -114,7 +114,8 @@ def num_devices(topology_cfg: Mapping) -> int:
         return math.prod(fanout) if fanout is not None else from_nested(nodes, "topology.nodes").num_devices
     if formation == "explicit":
         return sum(len(team) for team in _explicit_teams(topology_cfg))
-    return _int(topology_cfg, "num_teams") * _int(topology_cfg, "devices_per_team")
+    return check_device_count(_int(topology_cfg, "num_teams") * _int(topology_cfg, "devices_per_team"),
+                              "topology.devices_per_team")
 
 
 def device_count_key(topology_cfg: Mapping) -> str:
