@@ -72,7 +72,7 @@ def test_sampler_take_of_a_device_no_larger_than_its_batch_is_next_called_steps_
     for steps in (3, 1, 6):  # every call a whole new epoch
         got = a.take(steps)
         want = [b.next() for _ in range(steps)]
-        assert got.shape == (steps, 8) and (got[:, n:] == -1).all()
+        assert got.shape == (steps, n)  # never wider than the device's data (a huge batch_size allocates nothing)
         assert [g[:n].tolist() for g in got] == [w.tolist() for w in want]
         assert a.pos == b.pos and torch.equal(a.perm, b.perm)
         assert torch.equal(a.generator.get_state(), b.generator.get_state())

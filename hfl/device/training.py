@@ -112,13 +112,16 @@ class BatchSampler:
         return batch
 
     def take(self, steps: int) -> np.ndarray:
-        """``steps`` calls of ``next()`` as one ``[steps, batch_size]`` block, a short batch (an
+        """``steps`` calls of ``next()`` as one ``[steps, min(batch_size, num_samples)]`` block, a short batch (an
         epoch's last) padded with -1: the current epoch's rest, then every new epoch the calls
         reach drawn in one go (``_permutations``, the same draws as one ``randperm`` an epoch) and
         laid out a padded row of batches each (the batched path, hfl.accel.batched). The sampler ends
         where the ``steps`` calls leave it."""
         size, n = self.batch_size, self.num_samples
-        out = np.full((steps, size), -1, dtype=np.int64)
+        # A batch never holds more than the device's samples (next() draws them all then), so the
+        # block is at most n wide: a huge batch_size must not allocate steps x batch_size.
+        width = min(size, n)
+        out = np.full((steps, width), -1, dtype=np.int64)
         taken = 0
         if steps and self.pos < len(self._order):
             rest = self._order[self.pos :]
@@ -130,9 +133,9 @@ class BatchSampler:
             per_epoch = -(-n // size)  # calls an epoch serves, its last maybe short
             epochs = -(-(steps - taken) // per_epoch)
             perms = _permutations(n, epochs, self.generator).numpy()
-            laid = np.full((epochs, per_epoch * size), -1, dtype=np.int64)
+            laid = np.full((epochs, per_epoch * width), -1, dtype=np.int64)
             laid[:, :n] = perms
-            out[taken:] = laid.reshape(epochs * per_epoch, size)[: steps - taken]
+            out[taken:] = laid.reshape(epochs * per_epoch, width)[: steps - taken]
             self._order = perms[-1].copy()
             self.pos = (steps - taken - (epochs - 1) * per_epoch) * size
         return out
