@@ -297,6 +297,31 @@ def _sqlite_folder(uri: str) -> Path | None:
     return Path(path).resolve().parent if path and path != ":memory:" else None
 
 
+# How long an http(s) MLflow server has to answer hfl's first request. MLflow's own client retries an
+# unreachable server with back-off for minutes (4.5 measured) without a word: one quick probe first.
+REACH_TIMEOUT = 5.0
+
+
+def check_reachable(uri: str, key: str = "logger.tracking_uri", timeout: float = REACH_TIMEOUT) -> None:
+    """ConfigError naming ``key`` and ``uri`` unless the http(s) server at ``uri`` answers an HTTP
+    request within ``timeout`` seconds (any HTTP status counts: MLflow answers its errors too).
+    Other schemes (a database, a folder) are opened by MLflow itself, without network waits."""
+    import urllib.error
+    import urllib.request
+
+    if urlparse(uri).scheme not in ("http", "https"):
+        return
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout):
+            return
+    except urllib.error.HTTPError:
+        return  # it answered
+    except (OSError, ValueError) as exc:  # refused, unknown host, no answer in time (socket.timeout), bad URL
+        reason = getattr(exc, "reason", exc)
+        raise ConfigError(key, f"the MLflow server {uri} cannot be reached ({_one_line(reason)}; waited up to {timeout:g} s): "
+                               "start it, or name another tracking_uri (or logger=none)") from exc
+
+
 class MlflowTracker:
     """A run in MLflow's store ``logger.tracking_uri`` (null: ``MLFLOW_TRACKING_URI``, else
     MLflow's default, ``sqlite:///mlflow.db`` in the working directory), in experiment
@@ -329,6 +354,7 @@ class MlflowTracker:
         if urlparse(self.uri).scheme in ("", "file"):
             # MLflow 3 keeps its file store only for who asks for it: a file: URI (or a folder) is asking.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        check_reachable(self.uri)  # fail in one line, not after MLflow's minutes of silent retries
         try:
             self.client = MlflowClient(tracking_uri=self.uri)
             found = self.client.get_experiment_by_name(experiment)
