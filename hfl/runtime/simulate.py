@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from hfl.accel import batched
 
 from hfl.output import console, run_report, tracking
-from hfl.runtime import interrupts
+from hfl.runtime import interrupts, sweep
 
 from hfl.config import schema
 from hfl.runtime.apps import (
@@ -377,6 +377,8 @@ def task(cfg: DictConfig) -> float | None:
             line += f"; then resume with: {interrupts.resume_command(overrides, run_dir, config_name)}"
         log.error("%s", line, exc_info=True, extra={console.SHOW: "file"})
         held.release(not (isinstance(exc, ConfigError) and exc.key in REFUSALS))  # a refusal's lines: dropped
+        if hydra_cfg.mode == RunMode.MULTIRUN:  # recorded by hfl.runtime.sweep; the sweep goes on
+            raise sweep.JobFailed(line) from None
         raise SystemExit(f"hfl-simulate: {line}") from None
     finally:
         held.release(True)  # a run stopped otherwise (Ctrl-C) keeps its lines
