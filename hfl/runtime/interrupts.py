@@ -251,7 +251,9 @@ def kept_from_ray() -> Iterator[None]:
 
     def init_and_reclaim(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         try:
-            return init(*args, **kwargs)
+            started = init(*args, **kwargs)
+            _watch_ray_session()
+            return started
         finally:
             stop = _current
             if stop is not None and threading.current_thread() is threading.main_thread():
@@ -262,6 +264,25 @@ def kept_from_ray() -> Iterator[None]:
         yield
     finally:
         ray.init, ray_utils.set_sigterm_handler = init, set_sigterm_handler
+
+
+def _watch_ray_session() -> None:
+    """A watchdog (hfl.runtime.reaper) for the Ray instance this process has just started: should
+    the driver be killed outright (SIGKILL, where no handler runs), it stops the processes Ray's
+    own fate-sharing leaves behind. A cluster this process joined is not its to stop."""
+    from hfl.runtime import reaper
+
+    node = getattr(sys.modules.get("ray._private.worker"), "_global_node", None)
+    processes = getattr(node, "all_processes", None) or {}  # empty when the driver joined a running cluster
+    if not processes:
+        return
+    raylets = processes.get("raylet") or []
+    raylet = getattr(getattr(raylets[0], "process", None), "pid", None) if raylets else None
+    try:
+        reaper.watch(node.get_session_dir_path(), raylet)
+    except (OSError, AttributeError) as exc:  # Ray's private API moved, or no process to spare: the run goes on
+        log.warning("hfl: no watchdog for Ray's processes (%r): a SIGKILL of this process may leave some running",
+                    exc)
 
 
 @contextmanager
