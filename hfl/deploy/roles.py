@@ -46,12 +46,13 @@ def process_env(**extra: str) -> dict[str, str]:
 
 
 def default_signals() -> None:
-    """``preexec_fn`` of every Flower process hfl starts: SIGINT and SIGQUIT back to their default.
+    """``preexec_fn`` of every Flower process hfl starts: umask 0077, and SIGINT and SIGQUIT back to their default.
     A shell starts background jobs with them ignored, and an ignored disposition outlives exec: a
     ServerApp or ClientApp would then never hear the SIGINT Flower's parent monitor sends it when
     its SuperLink or SuperNode is gone, and would linger (seen after a backgrounded test run)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    os.umask(0o077)  # what a role writes (superlink.db, state, mailboxes) is its owner's alone, as under hfl-deploy
 
 
 @dataclass(frozen=True)
