@@ -5,7 +5,7 @@
 # split into .gpudata/, all three ignored by git. A call carries what it needs (the device tool
 # carries at most 64 MiB, the working tree included): `carry: [".whl", ".gpudata"]` for runs
 # without Ray (in process: the GPU peer comparison, benchmarks/device/peers_gpu.sh, and the Table 1
-# sweep, table1_gpu.sh), 30 MB with the tree; add ".whl-ray" (34 MB: Ray's wheel less its Java
+# sweep, table1_gpu.sh), 33 MB with the tree; add ".whl-ray" (34 MB: Ray's wheel less its Java
 # jar and its rllib/serve/llm/tune/train/data folders) for Ray, which with the tree came to 68 MB
 # on 2026-11-28, over the limit. There, start every command with
 # `source benchmarks/device/setup.sh`.
@@ -22,7 +22,8 @@ versions() { .venv/bin/pip show "$@" 2>/dev/null | awk '/^Name/{n=$2}/^Version/{
 # sys.modules' distributions here against the image's package list, /work/.library/device/KINDS.md).
 specs=$(versions flwr hydra-core omegaconf grpcio grpcio-health-checking protobuf iterators pycryptodome dill \
   cryptography cffi pycparser tomli tomli-w jsonschema jsonschema-specifications referencing rpds-py mako sqlalchemy \
-  alembic fastapi pydantic pydantic-core starlette typing-inspection annotated-types wcwidth)
+  alembic fastapi pydantic pydantic-core starlette typing-inspection annotated-types wcwidth \
+  datasets flwr-datasets)  # the last two: dataset.partition=iid / dirichlet (hfl/data/partition.py)
 platforms="--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
 # pfl-research and what it needs beyond the image, for the GPU peer comparison (benchmarks/device/peers_gpu.sh).
 specs="$specs pfl==0.6.0 dp-accounting==0.5.1 dm-tree==0.1.10 prv-accountant==0.2.0 multiprocess==0.70.19"
