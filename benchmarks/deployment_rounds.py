@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from hfl.deploy.loopback import Deployment
-from hfl.runtime.apps import compose_config
+from hfl.config.compose import compose_config
 from hfl.runtime.build import federation_for
 from hfl.runtime.simulate import run
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from hfl.runtime.apps import CONF_DIR
+from hfl.config.compose import CONF_DIR
 from hfl.runtime.simulate import run
 
 REPO = Path(__file__).resolve().parents[1]

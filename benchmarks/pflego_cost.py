@@ -24,9 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from clients import fedper, pflego  # noqa: E402
-from hfl.runtime.apps import compose_config  # noqa: E402
+from hfl.config.compose import compose_config  # noqa: E402
 from hfl.models import build_model  # noqa: E402
-from hfl.runtime.build import device_classes, device_data, device_runtime, federation_for, initial_model, model_classes  # noqa: E402
+from hfl.data.labels import device_classes, device_data, model_classes  # noqa: E402
+from hfl.runtime.build import device_runtime, federation_for, initial_model  # noqa: E402
 from hfl.state.store import StateStore  # noqa: E402
 from hfl.device.training import LocalTrainer  # noqa: E402
 from reproduce_table1 import MNIST_ROOT  # noqa: E402

@@ -64,7 +64,7 @@ def config(overrides: list[str]) -> dict:
     from omegaconf import OmegaConf
 
     from hfl.config import schema
-    from hfl.runtime.apps import CONF_DIR
+    from hfl.config.compose import CONF_DIR
 
     schema.register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

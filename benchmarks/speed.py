@@ -37,7 +37,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, TensorDataset
 
 from hfl.config import schema
-from hfl.runtime.apps import CONF_DIR
+from hfl.config.compose import CONF_DIR
 from hfl.models import build_model
 from hfl.runtime.build import federation_for
 from hfl.runtime.simulate import run

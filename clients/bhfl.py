@@ -10,7 +10,7 @@ import numpy as np
 from flwr.common import NDArrays, Scalar
 
 from hfl.device.client import DeviceClient
-from hfl.accel.batched import FitPlan, Phase, prox_update
+from hfl.device.plan import FitPlan, Phase, prox_update
 from hfl.clock.timer import SIM_TIME
 from hfl.device.state import DeviceRuntime
 from hfl.node.payload import unpack

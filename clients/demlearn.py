@@ -15,7 +15,7 @@ from flwr.common import NDArrays, Scalar
 
 from hfl.device.client import DeviceClient
 from clients.prox import pull_then_train
-from hfl.accel.batched import FitPlan
+from hfl.device.plan import FitPlan
 from hfl.device.state import DeviceRuntime
 from hfl.rules.personal import check_keys
 

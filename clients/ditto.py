@@ -13,7 +13,7 @@ from typing import Any
 from flwr.common import NDArrays, Scalar
 
 from hfl.device.client import DeviceClient
-from hfl.accel.batched import FitPlan, Phase
+from hfl.device.plan import FitPlan, Phase
 from hfl.device.state import DeviceRuntime
 from hfl.rules.personal import check_keys, fit_reply
 from hfl.device.training import Params, to_tensors

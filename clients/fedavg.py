@@ -6,7 +6,7 @@ from flwr.common import NDArrays, Scalar
 
 from hfl.device.client import DeviceClient
 from hfl.device.state import DeviceRuntime
-from hfl.accel.batched import FitPlan, Phase
+from hfl.device.plan import FitPlan, Phase
 from hfl.device.training import Params, to_ndarrays, to_tensors
 
 

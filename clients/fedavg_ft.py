@@ -20,7 +20,7 @@ from flwr.common import NDArrays, Scalar
 
 from clients.fedavg import FedAvgClient
 from hfl.rules.steps import sgd_step
-from hfl.accel.batched import FitPlan
+from hfl.device.plan import FitPlan
 from hfl.device.state import DeviceRuntime
 from hfl.seed import derive_seed
 from hfl.device.training import BatchSampler, LocalTrainer, Params, run_local_steps, to_tensors

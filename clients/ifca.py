@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 from flwr.common import NDArrays, Scalar
 
-from hfl.accel.batched import FitPlan, Phase
+from hfl.device.plan import FitPlan, Phase
 from hfl.device.client import DeviceClient
 from hfl.device.state import DeviceRuntime
 from hfl.device.training import LocalTrainer, Params, to_ndarrays, to_tensors

@@ -9,7 +9,7 @@ from flwr.common import NDArrays, Scalar
 
 from hfl.device.client import DeviceClient
 from hfl.device.state import DeviceRuntime
-from hfl.accel.batched import FitPlan, Phase
+from hfl.device.plan import FitPlan, Phase
 from hfl.device.training import Params, to_ndarrays, to_tensors
 
 T = TypeVar("T")
@@ -17,7 +17,7 @@ T = TypeVar("T")
 
 def device_step(theta: Sequence[T], grad: Sequence[T], anchor: Sequence[T], alpha: float, lam: float) -> list[T]:
     """theta <- theta - alpha * grad f(theta) - alpha * lam * (theta - w): one prox-SGD step toward w
-    (hfl.accel.batched.prox_update computes the same expression)."""
+    (hfl.device.plan.prox_update computes the same expression)."""
     return [t - alpha * g - alpha * lam * (t - a) for t, g, a in zip(theta, grad, anchor, strict=True)]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flwr.common import NDArrays, Scalar
 
-from hfl.accel.batched import FitPlan, Phase
+from hfl.device.plan import FitPlan, Phase
 from hfl.device.state import DeviceRuntime
 from hfl.rules.personal import fit_reply, mix
 from hfl.device.training import Params, to_tensors

@@ -17,9 +17,9 @@ from flwr.server import ServerApp
 
 
 def _config(context: Context) -> dict:
-    from hfl.runtime.apps import _context_config
+    from hfl.config.compose import context_config
 
-    return _context_config(context)
+    return context_config(context)
 
 
 def _client_fn(context: Context) -> Client:
@@ -33,12 +33,27 @@ def _client_fn(context: Context) -> Client:
 
 
 class _ServerApp(ServerApp):
-    """``hfl.runtime.apps.server_app``, imported when a run starts."""
+    """``flwr run``'s ServerApp: in a deployment the root (hfl.deploy.root_run) or a node server
+    (hfl.deploy.node_server), driven through the Grid directly; in simulation Flower's legacy loop
+    (``hfl.runtime.apps.server_app``), imported when a run starts."""
 
     def __call__(self, grid: Any, context: Context) -> None:
-        from hfl.runtime.apps import server_app
+        from hfl.deploy.wiring import tier_of
 
-        server_app(grid, context)
+        cfg = _config(context)
+        if tier_of(context) == "node":
+            from hfl.deploy.node_server import serve_node
+
+            serve_node(grid, context, cfg)
+        elif cfg["runtime"]["name"] == "deployment":
+            from hfl.deploy.root_run import serve_root
+            from hfl.runtime.apps import _output_dir
+
+            serve_root(grid, context, cfg, _output_dir(context, deployed=True))
+        else:
+            from hfl.runtime.apps import server_app
+
+            server_app(grid, context)
 
 
 client_app = ClientApp(client_fn=_client_fn)

@@ -22,10 +22,9 @@ from flwr.common import NDArrays, Parameters, Scalar, parameters_to_ndarrays
 from hfl.rules.steps import sgd_step
 from hfl.rules import nodeopt
 from hfl.rules.aggregate import mean_of
-from hfl.config.checks import check_number_list
 from hfl.rules.personal import check_keys
 from hfl.data import proxy_data
-from hfl.errors import ConfigError
+from hfl.errors import ConfigError, check_number_list
 from hfl.models import build_model
 from hfl.algorithm import Message, NodeContext, Replies, ServerRule, Update, model_from_state
 from hfl.node.payload import pack

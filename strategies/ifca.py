@@ -32,7 +32,7 @@ from hfl.models import build_model
 from hfl.node.payload import pack
 from hfl.rules.aggregate import mean_of
 from hfl.rules.personal import check_keys
-from hfl.runtime.build import model_classes
+from hfl.data.labels import model_classes
 from hfl.seed import derive_seed
 
 COUNTS = "counts"  # an inner node's reply part: the weight behind each cluster's mean

@@ -28,7 +28,7 @@ from hfl.data.federation import device_sizes
 from hfl.errors import ConfigError
 from hfl.models import build_model
 from hfl.algorithm import NodeContext, Replies, ServerRule, model_from_state
-from hfl.runtime.build import model_classes
+from hfl.data.labels import model_classes
 from hfl.rules.personal import check_keys, head_mask
 from hfl.tree.sampling import sample_size
 

@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from hfl.config import schema
-from hfl.runtime.apps import CONF_DIR
+from hfl.config.compose import CONF_DIR
 
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 

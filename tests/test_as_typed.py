@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hfl.runtime.apps import CONF_DIR
+from hfl.config.compose import CONF_DIR
 from hfl.config.checks import validate
 from hfl.errors import ConfigError
 from hfl.runtime.build import check_tree, federation_for

@@ -16,19 +16,17 @@ import torch.nn.functional as F
 from hfl.device.client import DeviceClient
 from hfl.accel import batched as batched_module
 from hfl.accel import mclr_dual
-from hfl.runtime.apps import CONF_DIR
+from hfl.config.compose import CONF_DIR
 from hfl.accel.batched import (
     ConcatenatedData,
-    FitPlan,
-    Phase,
     MAX_DISTINCT,
     batched_loss_and_grad,
     draw_batches,
     functional_batched_loss_and_grad,
-    run_plan,
     run_plans,
     stack,
 )
+from hfl.device.plan import FitPlan, Phase, run_plan
 from hfl.accel import closed_forms
 from hfl.accel import grouped_cnn
 from hfl.accel.batched_eval import evaluate_models

@@ -257,7 +257,7 @@ def test_compose_files_wire_the_topology_they_submit(name) -> None:
     import yaml
 
     from hfl.deploy.cli import parser
-    from hfl.runtime.apps import compose_config
+    from hfl.config.compose import compose_config
     from hfl.tree.shape import parent_of
 
     compose = yaml.safe_load((Path(__file__).resolve().parents[1] / "docker" / name).read_text())

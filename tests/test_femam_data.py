@@ -30,7 +30,8 @@ from hfl.data.partition import (
 from hfl.device.state import DeviceRuntime
 from hfl.errors import ConfigError
 from hfl.models import build_model
-from hfl.runtime.build import device_data, device_runtime
+from hfl.data.labels import device_data
+from hfl.runtime.build import device_runtime
 from hfl.state.store import StateStore
 from hfl.device.training import BatchSampler, LocalTrainer
 from tests.conftest import compose_cfg

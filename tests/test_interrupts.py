@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM on hfl-simulate (hfl.runtime.interrupts), for real: the run stops at once on
+"""Ctrl-C and SIGTERM on hfl-simulate (hfl.process.interrupts), for real: the run stops at once on
 either runtime, dies of the signal (a shell's 130 / 143), leaves no process behind, prints one
 line naming the round and the command that resumes it, and that command ends the run with the
 same models and metrics as a run never interrupted."""
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hfl.runtime.interrupts import resume_command
+from hfl.process.interrupts import resume_command
 from hfl.runtime.simulate import run
 from hfl.state.resume import read_checkpoint
 from tests.conftest import compose_cfg

@@ -9,7 +9,8 @@ import torch
 
 from hfl.accel import batched as batched_module
 from hfl.accel import mclr_dual
-from hfl.accel.batched import ConcatenatedData, FitPlan, Phase, run_plan, run_plans
+from hfl.accel.batched import ConcatenatedData, run_plans
+from hfl.device.plan import FitPlan, Phase, run_plan
 from hfl.device.state import DeviceRuntime
 from hfl.accel.mclr_dual import dual_buckets, dual_pays, make_dual_data, phase_cost, size_buckets
 from hfl.models import MCLR

@@ -19,7 +19,8 @@ from hfl.algorithm import NodeContext
 from hfl.device.state import stored_device_states
 from hfl.errors import ConfigError
 from hfl.models import MLP
-from hfl.runtime.build import device_data, federation_for, initial_model, model_classes
+from hfl.data.labels import device_data, model_classes
+from hfl.runtime.build import federation_for, initial_model
 from hfl.node.payload import Payload
 from hfl.output.recorder import fit_test_metrics
 from hfl.node.root import RootStrategy

@@ -207,7 +207,7 @@ def test_joining_a_cluster_with_the_state_in_the_run_directory_warns(tmp_path, m
 
 
 def test_flwr_run_keeps_each_runs_state_under_state_dir(tmp_path):
-    from hfl.runtime.apps import compose_config  # `flwr run .`: the config from the run config's overrides
+    from hfl.config.compose import compose_config  # `flwr run .`: the config from the run config's overrides
 
     assert compose_config(f"runtime.state_dir={tmp_path}", 7)["runtime"]["state_dir"] == str(tmp_path / "hfl-state-7")
     assert compose_config("", 7)["runtime"]["state_dir"] == str(Path(tempfile.gettempdir()) / "hfl-state-7")

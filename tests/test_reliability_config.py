@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from hfl.config import schema
 from hfl.config.checks import validate
 from hfl.errors import ConfigError
-from hfl.runtime.apps import CONF_DIR, compose_config
+from hfl.config.compose import CONF_DIR, compose_config
 from hfl.runtime.simulate import run
 from tests.conftest import SMALL, compose_cfg
 

@@ -23,7 +23,8 @@ from flwr.common import Context, RecordDict
 from hfl.deploy import certs
 from hfl.deploy.control import ControlClient
 from hfl.deploy.mailbox import Mailbox
-from hfl.deploy.private import confined_dir, confined_name, private_dir, run_dir, write_private
+from hfl.deploy.private import private_dir, write_private
+from hfl.output.paths import confined_dir, confined_name, run_dir
 from hfl.errors import ConfigError
 
 HFL_DEPLOY = Path(sys.executable).parent / "hfl-deploy"

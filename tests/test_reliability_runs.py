@@ -1,7 +1,7 @@
 """Runs that went wrong on the simulation side end in one line, never a traceback, a stall or a
 silent result (issue 46, item 6): a failed job of a sweep is recorded and the sweep goes on; a
 topology or a batch size too large for the machine; an MLflow server nobody answers; a Ray
-driver killed with SIGKILL (hfl.runtime.reaper stops what Ray leaves)."""
+driver killed with SIGKILL (hfl.process.reaper stops what Ray leaves)."""
 
 from __future__ import annotations
 

@@ -18,9 +18,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import MISSING, OmegaConf
 
 from hfl.config import schema
-from hfl.runtime.apps import CONF_DIR
-from hfl.config.checks import check_number, validate
-from hfl.errors import ConfigError
+from hfl.config.compose import CONF_DIR
+from hfl.config.checks import validate
+from hfl.errors import ConfigError, check_number
 from hfl.runtime.simulate import run
 from tests.conftest import SMALL, compose_cfg
 

@@ -1,4 +1,4 @@
-"""hfl.accel.scripted: the dual form's step loop run as TorchScript gives the same floats as the plain
+"""hfl.device.scripted: the dual form's step loop run as TorchScript gives the same floats as the plain
 Python function (every branch), the samplers' scripted permutations the same draws as randperm
 called one by one, and a function TorchScript cannot take falls back to Python."""
 
@@ -13,7 +13,7 @@ import torch
 from hfl.accel import mclr_dual
 
 from hfl.device import training
-from hfl.accel.scripted import Scripted, scripted
+from hfl.device.scripted import Scripted, scripted
 
 D, C, F, N, B, STEPS = 3, 4, 12, 7, 5, 6
 
@@ -64,7 +64,7 @@ def test_a_function_torchscript_cannot_take_runs_in_python(caplog):
     def total(x: torch.Tensor) -> torch.Tensor:  # NumPy inside: not TorchScript
         return torch.as_tensor(np.sum(x.numpy()) + 1.0)
 
-    with caplog.at_level(logging.WARNING, logger="hfl.accel.scripted"):
+    with caplog.at_level(logging.WARNING, logger="hfl.device.scripted"):
         out = total(torch.ones(2))
         assert float(total(torch.zeros(3))) == 1.0
     assert float(out) == 3.0

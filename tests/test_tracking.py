@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from hfl.config import schema
 from hfl.errors import ConfigError
 from hfl.output import tracking
-from hfl.runtime.apps import CONF_DIR
+from hfl.config.compose import CONF_DIR
 from hfl.runtime.simulate import run
 from tests.conftest import SMALL, compose_cfg
 from tests.test_resume import Killed, _killed_at

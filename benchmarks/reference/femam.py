@@ -119,7 +119,7 @@ def hfl_federation(setting: str, seed: int, mnist_root: Path):
     """hfl's federation for femam_compare's ``setting`` and ``seed``, images unnormalised (x / 255)."""
     import femam_compare
     from hfl.data import build_federation
-    from hfl.runtime.apps import compose_config
+    from hfl.config.compose import compose_config
 
     spec = femam_compare.SETTINGS[setting]
     args = argparse.Namespace(mnist_root=mnist_root)

@@ -4,8 +4,8 @@ A device client whose local work is "``steps`` minibatch steps of
 ``theta <- theta - lr * grad f(theta) - lr * prox * (theta - anchor)``" (plain SGD without an
 anchor) describes a fit as a ``FitPlan``: one or more such ``Phase``s on its own sampler, and a
 ``finish`` that turns the trained models into its reply (and updates what it keeps). The
-per-device path (``run_plan``) runs a plan with ``hfl.device.training.run_local_steps``, exactly as
-the clients always did; the batched path (``run_plans``) runs the plans of all the devices a
+per-device path (``hfl.device.plan.run_plan``) runs a plan with
+``hfl.device.training.run_local_steps``, exactly as the clients always did; the batched path (``run_plans``) runs the plans of all the devices a
 node asked at once:
 
 - parameters are stacked along a new leading device axis;
@@ -58,10 +58,8 @@ from hfl.accel.lockstep import current_submit
 from hfl.accel.mclr_dual import DualData, dual_buckets, dual_pays, make_dual_data, run_dual_steps, size_buckets
 from hfl.models import MCLR
 from hfl.node.payload import LocalParameters, decode
-from hfl.device.training import LocalTrainer, Params, converted_once, run_local_steps
-
-FitReply = tuple[NDArrays, int, dict[str, Scalar]]
-
+from hfl.device.plan import FitPlan, FitReply, Phase
+from hfl.device.training import LocalTrainer, Params, converted_once
 
 class DeviceClientLike(Protocol):  # hfl.device.client.DeviceClient (which imports this module)
     device: DeviceRuntime
@@ -71,32 +69,6 @@ class DeviceClientLike(Protocol):  # hfl.device.client.DeviceClient (which impor
     def tests_sent_model(self, config: dict[str, Scalar]) -> bool: ...
 
     def model_to_test(self, parameters: NDArrays, config: dict[str, Scalar]) -> Params: ...
-
-
-@dataclass
-class Phase:
-    """``steps`` minibatches from ``start``; on each, ``inner_steps`` steps (the prox-SGD step
-    toward ``anchor`` where there is one). With ``pull``, the anchor then moves toward the model,
-    ``anchor <- (1 - pull) anchor + pull theta`` (pFedMe's local model), and the runner leaves
-    its final value in ``moved_anchor``. The loss of a minibatch is its last inner step's."""
-
-    start: Params
-    steps: int
-    lr: float
-    anchor: Params | None = None
-    prox: float = 0.0
-    inner_steps: int = 1
-    pull: float | None = None
-    moved_anchor: Params | None = None  # set by the runner when ``pull`` is given
-
-
-@dataclass
-class FitPlan:
-    """A device's fit: its phases, run in order on its sampler, then ``finish(models, losses)``
-    (the trained model and mean loss of each phase) gives its reply."""
-
-    phases: list[Phase]
-    finish: Callable[[list[Params], list[float]], FitReply]
 
 
 class GroupPlan(Protocol):
@@ -110,48 +82,6 @@ class GroupPlan(Protocol):
     @classmethod
     def run_together(cls, plans: Sequence[GroupPlan], data: ConcatenatedData,
                      loss_and_grad: Callable) -> list[FitReply]: ...
-
-
-def prox_update(lr: float, prox: float, anchor: Params | None) -> Callable[[Params, Params], Params]:
-    """The per-device step ``t - lr*g - lr*prox*(t - anchor)`` (``t - lr*g`` without an anchor):
-    the exact expressions the clients always used."""
-    if anchor is None:
-        return lambda p, g: [t - lr * gr for t, gr in zip(p, g, strict=True)]
-    return lambda p, g: [t - lr * gr - lr * prox * (t - a) for t, gr, a in zip(p, g, anchor, strict=True)]
-
-
-def run_inner_steps(dev: DeviceRuntime, phase: Phase) -> tuple[Params, float]:
-    """A phase with inner steps or a moving anchor, one device (pFedMe's loop, as it always ran)."""
-    if phase.anchor is None:
-        raise ValueError("a phase with inner steps or a pull needs an anchor")
-    theta, anchor = [p.clone() for p in phase.start], [p.clone() for p in phase.anchor]
-    losses = []
-    for _ in range(phase.steps):
-        idx = dev.sampler.next()
-        x, y = dev.x_train.index_select(0, idx), dev.y_train.index_select(0, idx)
-        update = prox_update(phase.lr, phase.prox, anchor)
-        for _ in range(phase.inner_steps):
-            loss, grad = dev.trainer.loss_and_grad(theta, x, y)
-            theta = update(theta, grad)
-        losses.append(float(loss))
-        if phase.pull is not None:
-            anchor = [(1.0 - phase.pull) * a + phase.pull * t for a, t in zip(anchor, theta, strict=True)]
-    phase.moved_anchor = anchor if phase.pull is not None else None
-    return theta, sum(losses) / max(len(losses), 1)
-
-
-def run_plan(dev: DeviceRuntime, plan: FitPlan) -> FitReply:
-    """The per-device path: each phase with ``run_local_steps`` on the device's own sampler."""
-    models, losses = [], []
-    for phase in plan.phases:
-        if phase.inner_steps == 1 and phase.pull is None:
-            params, loss = run_local_steps(dev.trainer, phase.start, dev.x_train, dev.y_train, dev.sampler,
-                                           phase.steps, prox_update(phase.lr, phase.prox, phase.anchor))
-        else:
-            params, loss = run_inner_steps(dev, phase)
-        models.append(params)
-        losses.append(loss)
-    return plan.finish(models, losses)
 
 
 def resolve_device(setting: str) -> torch.device:

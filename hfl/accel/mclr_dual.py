@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from hfl.accel.closed_forms import nll_target_block
-from hfl.accel.scripted import scripted
+from hfl.device.scripted import scripted
 
 
 @dataclass

@@ -8,45 +8,11 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from hfl.errors import ConfigError
+from hfl.errors import ConfigError, check_number, check_number_list
 
 MISSING = "???"  # OmegaConf's mark for a value no config gave (omegaconf.MISSING)
 
 RUNTIMES = ("simulation", "inprocess", "deployment")
-
-
-def check_number(
-    key: str,
-    value: Any,
-    *,
-    integer: bool = False,
-    minimum: float = -math.inf,
-    maximum: float = math.inf,
-    open_min: bool = False,
-    open_max: bool = False,
-) -> Any:
-    """``value`` if it is an integer (or any number) within the bounds; else a ConfigError
-    naming ``key``. Booleans are rejected: YAML's ``true`` for a count is a typo; so are NaN and
-    infinities, whatever the bounds."""
-    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
-        raise ConfigError(key, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
-    if not math.isfinite(value):
-        raise ConfigError(key, f"must be a finite number, got {value}")
-    if value < minimum or value > maximum or (open_min and value == minimum) or (open_max and value == maximum):
-        if maximum == math.inf:
-            allowed = f"{'>' if open_min else '>='} {minimum}"
-        else:
-            allowed = f"in {'(' if open_min else '['}{minimum}, {maximum}{')' if open_max else ']'}"
-        raise ConfigError(key, f"must be {allowed}, got {value}")
-    return value
-
-
-def check_number_list(key: str, value: Any, what: str, **bounds: Any) -> list:
-    """``value`` if it is a non-empty list whose entries pass ``check_number(**bounds)``
-    (each error names ``key[i]``); else a ConfigError naming ``key``."""
-    if not isinstance(value, list | tuple) or not value:
-        raise ConfigError(key, f"must be null or a non-empty list of {what}, got {value!r}")
-    return [check_number(f"{key}[{i}]", v, **bounds) for i, v in enumerate(value)]
 
 
 def _number(cfg: Mapping, path: str, *, minimum: float, integer: bool = False, strict: bool = False) -> None:

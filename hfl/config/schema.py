@@ -54,8 +54,8 @@ What stays a check before training (``hfl.config.checks.validate``, an algorithm
   here, and validate / FedRep's check_config refuse a non-bool / non-integer naming the key.
 
 ``register()`` stores the schemas; it must run before Hydra composes from ``conf/``. It runs
-when ``hfl.runtime.apps`` (which defines ``CONF_DIR``) is imported, and ``hfl-simulate``,
-``hfl.runtime.apps.compose_config`` and the tests' ``compose_cfg`` call it again (it is idempotent).
+when ``hfl.config.compose`` (which defines ``CONF_DIR``) is imported, and ``hfl-simulate``,
+``hfl.config.compose.compose_config`` and the tests' ``compose_cfg`` call it again (it is idempotent).
 """
 
 from __future__ import annotations

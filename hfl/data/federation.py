@@ -38,8 +38,7 @@ from hfl.data.partition import (
     split_train_test,
     split_train_val_test,
 )
-from hfl.config.checks import check_number
-from hfl.errors import ConfigError
+from hfl.errors import ConfigError, check_number
 from hfl.seed import derive_seed, rng
 from hfl.tree.shape import Tree
 

@@ -114,7 +114,7 @@ def submit_node_server(link, path: str, overrides: str, state_key: str, work_dir
     """``NodeBridge.start`` for a host: one run of this app on its SuperLink, the node server."""
 
     def start() -> None:
-        # absolute: the node server refuses any other work-dir (hfl.deploy.private.confined_dir)
+        # absolute: the node server refuses any other work-dir (hfl.output.paths.confined_dir)
         run_config = {"tier": "node", "path": path, "overrides": overrides, "state-key": state_key,
                       "work-dir": str(Path(work_dir).absolute())}
         run_id = link.submit(run_config, work_dir / state_key / "run-config.toml")

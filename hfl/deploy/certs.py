@@ -19,7 +19,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from hfl.deploy.private import confined_name, private_dir, write_private
+from hfl.deploy.private import private_dir, write_private
+from hfl.output.paths import confined_name
 
 VALID_DAYS = 365
 TLS_FILES = {"ca": "ca.crt", "ca_key": "ca.key", "cert": "server.pem", "key": "server.key"}

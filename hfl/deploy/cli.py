@@ -90,7 +90,7 @@ def role_commands(args: argparse.Namespace) -> list[list[str]]:
 
 
 def submit(args: argparse.Namespace) -> int:
-    from hfl.runtime.apps import (
+    from hfl.config.compose import (
         compose_config,  # validates the overrides here, before anything is sent
     )
 
@@ -107,7 +107,7 @@ def submit(args: argparse.Namespace) -> int:
     from hfl.deploy.submit import COMPLETED, see_through
 
     run_name = args.run_name or time.strftime("%Y-%m-%d_%H-%M-%S")
-    from hfl.deploy.private import confined_name, run_dir
+    from hfl.output.paths import confined_name, run_dir
 
     run_dir({"output-dir": str(output_dir), "run-name": confined_name("--run-name", run_name)}, run_name)  # as the root checks them
     with tempfile.TemporaryDirectory(prefix="hfl-submit-") as home:
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(str(p) for p in paths.values()))
             return 0
         if args.command == "export-data":
-            from hfl.runtime.apps import compose_config
+            from hfl.config.compose import compose_config
             from hfl.deploy.device import export_device_data
 
             export_device_data(compose_config(shlex.join(args.overrides), 0), args.device_id, args.out)

@@ -26,9 +26,11 @@ from hfl.device.client import DeviceClient
 from hfl.config.checks import load_module
 from hfl.data import DeviceData
 from hfl.models import build_model
-from hfl.runtime.build import device_classes, device_data, device_runtime, federation_for, model_classes
+from hfl.data.labels import device_classes, device_data, model_classes
+from hfl.runtime.build import device_runtime, federation_for
 from hfl.deploy.datafile import check_data_file
-from hfl.deploy.private import confined_name, private_dir, write_private
+from hfl.deploy.private import private_dir, write_private
+from hfl.output.paths import confined_name
 from hfl.errors import ConfigError
 from hfl.deploy.roles import DEFAULT_STATE_DIR
 from hfl.state.store import StateStore, atomic_savez

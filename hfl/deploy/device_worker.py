@@ -30,7 +30,8 @@ from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 
 from hfl.deploy.mailbox import Letter, Mailbox, request_name
-from hfl.deploy.private import confined_name, private_umask
+from hfl.deploy.private import private_umask
+from hfl.output.paths import confined_name
 from hfl.deploy.roles import DEFAULT_STATE_DIR
 
 log = logging.getLogger("hfl")
@@ -114,7 +115,7 @@ def serve(node_config: Mapping, stop: threading.Event | None = None,
     """Answer the device's relayed messages until ``stop`` is set (or forever); ``compose``: the
     experiment's config from its overrides (Hydra's, as the ClientApp composes it)."""
     if compose is None:
-        from hfl.runtime.apps import compose_config
+        from hfl.config.compose import compose_config
 
         def compose(overrides: str) -> Mapping:
             return compose_config(overrides, 0)

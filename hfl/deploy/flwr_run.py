@@ -26,7 +26,7 @@ def simulate(overrides: list[str], output_dir: Path, app_dir: Path, timeout: flo
     """Run the experiment ``overrides`` describe with ``flwr run`` on a fresh local simulation
     SuperLink; returns the run's final status (``finished:completed`` when it succeeded). The
     overrides are checked here first, so a bad one fails before any process starts."""
-    from hfl.runtime.apps import compose_config
+    from hfl.config.compose import compose_config
     from hfl.runtime.build import federation_for
 
     if any(o.startswith("runtime=") and o != "runtime=simulation" for o in overrides):

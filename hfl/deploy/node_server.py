@@ -31,7 +31,8 @@ from flwr.serverapp.grid import Grid
 from hfl.deploy.children import Children
 from hfl.deploy.grid import evaluate_targets_together, evaluate_together, fit_together, tell_stop
 from hfl.deploy.mailbox import Letter, Mailbox
-from hfl.deploy.private import confined_dir, confined_name, private_dir, private_umask
+from hfl.deploy.private import private_dir, private_umask
+from hfl.output.paths import confined_dir, confined_name
 from hfl.state.store import StateStore
 
 log = logging.getLogger("hfl")

@@ -21,7 +21,8 @@ from flwr.common import Context, NDArrays, Scalar
 from hfl.deploy.bridge import NodeBridge, node_properties, submit_node_server
 from hfl.deploy.control import ControlClient
 from hfl.deploy.mailbox import Mailbox
-from hfl.deploy.private import confined_name, private_dir, private_umask
+from hfl.deploy.private import private_dir, private_umask
+from hfl.output.paths import confined_name
 from hfl.deploy.roles import DEFAULT_STATE_DIR
 from hfl.state.store import atomic_write_bytes
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 
-from hfl.accel.batched import FitPlan, run_plan
+from hfl.device.plan import FitPlan, run_plan
 from hfl.device.state import DeviceRuntime
 from hfl.device.training import Params, to_ndarrays, to_tensors
 

@@ -22,7 +22,7 @@ from torch.func import functional_call
 
 from hfl.errors import ConfigError
 from hfl.models import FAST_GRADIENTS
-from hfl.accel.scripted import scripted
+from hfl.device.scripted import scripted
 
 Params = list[torch.Tensor]
 

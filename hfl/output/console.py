@@ -248,7 +248,7 @@ class ConsoleHandler(logging.Handler):
 
     def stop_progress(self) -> None:
         """Take the bar off the terminal now (the cursor shown again): the process is about to end
-        without leaving ``progress``'s block (hfl.runtime.interrupts)."""
+        without leaving ``progress``'s block (hfl.process.interrupts)."""
         if self._progress is not None:
             self._progress.stop()
             self._progress = self._task = None

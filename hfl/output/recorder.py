@@ -17,8 +17,8 @@ from flwr.common import NDArrays
 
 from hfl.output import run_report, tracking
 from hfl.output.console import PROJECT_LOGGERS, ROUND, SHOW, round_line
-from hfl.runtime import interrupts
-from hfl.state.resume import Checkpoint, write_checkpoint
+from hfl.process import interrupts
+from hfl.state.resume import Checkpoint, rows_up_to, write_checkpoint
 from hfl.state.store import atomic_savez, atomic_write_bytes
 
 log = logging.getLogger("hfl")
@@ -66,22 +66,6 @@ def fit_test_metrics(history: list[float], window: int = 10) -> dict[str, float]
 
 def _rewrite(path: Path, lines: list[str]) -> None:
     atomic_write_bytes(path, "".join(line + "\n" for line in lines).encode())
-
-
-def rows_up_to(path: Path, key: str, last_round: int) -> list[str]:
-    """The lines of a .jsonl file whose ``key`` is at most ``last_round`` (a line cut short by a
-    killed run is dropped)."""
-    if not path.exists():
-        return []
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get(key), int) and row[key] <= last_round:
-            kept.append(line)
-    return kept
 
 
 class WarningsKept(logging.Handler):

@@ -33,8 +33,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from hfl.config.checks import check_number
-from hfl.errors import ConfigError
+from hfl.errors import ConfigError, check_number
 
 OPTIMIZERS = ("replace", "sgd", "adam", "yogi", "adagrad")
 

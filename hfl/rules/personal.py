@@ -8,9 +8,8 @@ from typing import Any, TypeVar
 
 from flwr.common import NDArrays, Scalar
 
-from hfl.config.checks import check_number
 from hfl.device.state import DeviceRuntime
-from hfl.errors import ConfigError
+from hfl.errors import ConfigError, check_number
 from hfl.device.training import Params, run_local_steps, to_ndarrays
 
 T = TypeVar("T")

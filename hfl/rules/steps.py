@@ -9,5 +9,5 @@ T = TypeVar("T")
 
 
 def sgd_step(params: Sequence[T], grad: Sequence[T], lr: float) -> list[T]:
-    """params <- params - lr * grad (hfl.accel.batched.prox_update without an anchor computes the same)."""
+    """params <- params - lr * grad (hfl.device.plan.prox_update without an anchor computes the same)."""
     return [p - lr * g for p, g in zip(params, grad, strict=True)]

@@ -2,18 +2,16 @@
 
 ``hfl-simulate`` builds them bound to a Hydra config (``make_server_app``/``make_client_app``);
 ``flwr run .`` reaches ``server_app`` and ``_flwr_client_fn`` through ``hfl.app`` (light to
-import), which compose the same config from the run config's ``overrides`` string.
+import), which compose the same config from the run config's ``overrides`` string
+(``hfl.config.compose``).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import shlex
-import tempfile
 import time
 from collections.abc import Mapping
-from functools import lru_cache
 from pathlib import Path
 
 from flwr.client import Client, ClientApp
@@ -23,12 +21,11 @@ from flwr.server.strategy import Strategy
 
 from hfl.clock.model import run_clock
 from hfl.clock.policy import LevelPolicy
-from hfl.config import schema
 from hfl.accel.batched import use_runtime_threads
 from hfl.algorithm import NodeContext, ServerRule
-from hfl.config.checks import load_server, validate
+from hfl.config.checks import load_server
+from hfl.config.compose import context_config
 from hfl.node.faults import Dropout, dropout_fractions
-from hfl.deploy.wiring import tier_of
 from hfl.runtime.build import build_team_node, eval_fraction, evaluation_sampled, federation_for, initial_model
 from hfl.node.payload import Payload
 from hfl.runtime.polling import PolledServerApp
@@ -39,8 +36,6 @@ from hfl.node.root import RootStrategy
 from hfl.tree.sampling import DeviceDraw, EvaluationDraw
 from hfl.state.store import StateStore
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-schema.register()  # conf/'s files extend the schemas: whoever composes from CONF_DIR needs them stored
 log = logging.getLogger("hfl")
 
 
@@ -135,32 +130,11 @@ def make_client_app(cfg: Mapping) -> ClientApp:
 
 # ---- `flwr run .`: the config comes from the run config's Hydra overrides ----
 
-@lru_cache(maxsize=4)
-def compose_config(overrides: str, run_id: int) -> dict:
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    schema.register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        composed = compose("config", overrides=shlex.split(overrides))
-        schema.check_keys(composed)  # a key nothing reads (a misspelt +key) is refused like a bad value
-        cfg = OmegaConf.to_container(composed, resolve=True)
-    validate(cfg)
-    # runtime.state_dir (a directory every Ray node mounts) or this machine's temp dir; a folder per run
-    base = cfg["runtime"].get("state_dir") or tempfile.gettempdir()
-    cfg["runtime"]["state_dir"] = str(Path(base) / f"hfl-state-{run_id}")
-    return cfg
-
-
-def _context_config(context: Context) -> dict:
-    return compose_config(str(context.run_config.get("overrides", "")), context.run_id)
-
-
 def _output_dir(context: Context, deployed: bool = False) -> Path:
     """``output-dir``/``run-name`` (hfl-deploy submit names its runs, so that a resubmitted run
-    finds its directory), or a folder named by the time; checked (hfl.deploy.private.run_dir):
+    finds its directory), or a folder named by the time; checked (hfl.output.paths.run_dir):
     deployed, an absolute output-dir."""
-    from hfl.deploy.private import run_dir
+    from hfl.output.paths import run_dir
 
     out = run_dir(context.run_config, time.strftime("%Y-%m-%d_%H-%M-%S"), absolute=deployed)
     log.info("hfl: writing outputs to %s", out.resolve())
@@ -168,33 +142,16 @@ def _output_dir(context: Context, deployed: bool = False) -> Path:
 
 
 def _flwr_server_fn(context: Context) -> ServerAppComponents:
-    cfg = _context_config(context)
+    cfg = context_config(context)
     out = _output_dir(context)
     tracker = tracking.begin(tracking.open_tracker(cfg.get("logger"), out), cfg)  # the logger group
     strategy = build_global_strategy(cfg, out, tracker=tracker)
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=int(cfg["global_rounds"])))
 
 
-class _ServerApp(ServerApp):
-    """``flwr run``'s ServerApp: in a deployment the root (hfl.deploy.root_run) or a node server
-    (hfl.deploy.node_server), driven through the Grid directly; in simulation Flower's legacy loop."""
-
-    def __call__(self, grid, context: Context) -> None:  # noqa: ANN001 - Flower's Grid
-        cfg = _context_config(context)
-        if tier_of(context) == "node":
-            from hfl.deploy.node_server import serve_node
-
-            serve_node(grid, context, cfg)
-        elif cfg["runtime"]["name"] == "deployment":
-            from hfl.deploy.root_run import serve_root
-
-            serve_root(grid, context, cfg, _output_dir(context, deployed=True))
-        else:
-            super().__call__(grid, context)
-
-
-server_app = _ServerApp(server_fn=_flwr_server_fn)
+# ``flwr run``'s simulation: Flower's legacy loop (hfl.app dispatches a deployment's root and node servers)
+server_app = ServerApp(server_fn=_flwr_server_fn)
 def _flwr_client_fn(context: Context) -> Client:
     """``flwr run``'s simulation: a level-1 node with its subtree (a deployment's bridges and
     devices are hfl.app's, which calls this for every other SuperNode)."""
-    return team_client(_context_config(context), context)
+    return team_client(context_config(context), context)

@@ -21,11 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 from hfl.accel import batched
 
 from hfl.output import console, run_report, tracking
-from hfl.runtime import interrupts, sweep
+from hfl.process import interrupts
+from hfl.runtime import sweep
 
 from hfl.config import schema
+from hfl.config.compose import CONF_DIR
 from hfl.runtime.apps import (
-    CONF_DIR,
     build_global_strategy,
     freeze_long_lived_objects,
     make_client_app,
@@ -394,7 +395,7 @@ def main() -> None:
     unknown option) are printed as Hydra words them; a run directory Hydra cannot create (a file
     in the way, a read-only or full disk) is named in one line too. ``HYDRA_FULL_ERROR=1`` in the
     environment keeps Hydra's full report. Errors of the run itself: ``task`` (hfl.errors.user_error);
-    Ctrl-C and SIGTERM: hfl.runtime.interrupts."""
+    Ctrl-C and SIGTERM: hfl.process.interrupts."""
     try:
         _main()
     except KeyboardInterrupt:  # before the run's own handler (interrupts.stop_on_signals) is in place

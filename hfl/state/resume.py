@@ -262,6 +262,22 @@ def samples_digest(lines: list[str]) -> str:
     return digest.hexdigest()
 
 
+def rows_up_to(path: Path, key: str, last_round: int) -> list[str]:
+    """The lines of a .jsonl file whose ``key`` is at most ``last_round`` (a line cut short by a
+    killed run is dropped)."""
+    if not path.exists():
+        return []
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get(key), int) and row[key] <= last_round:
+            kept.append(line)
+    return kept
+
+
 def check_samples(run_dir: Path, checkpoint: Checkpoint, kept: list[str]) -> None:
     """Refuse (naming samples.jsonl) a resumption whose samples rows up to the checkpoint's round
     are not those it recorded: a damaged or deleted file would silently lose rows."""
@@ -356,8 +372,6 @@ def _resumable(run_dir: Path, store_dir: Path) -> Checkpoint | None:
         if problems:
             refused.append((checkpoint, problems))
             continue
-        from hfl.output.recorder import rows_up_to  # the recorder imports this module
-
         check_samples(run_dir, checkpoint, rows_up_to(run_dir / SAMPLES, "global_round", checkpoint.round))
         if refused:
             log.warning("hfl: the state of global round %d is damaged (%s); resuming after round %d, from %s",

@@ -25,8 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from hfl.config.checks import check_number
-from hfl.errors import ConfigError
+from hfl.errors import ConfigError, check_number
 from hfl.seed import rng
 from hfl.tree.shape import Tree, check_device_count, check_fanout, from_fanout, from_nested, from_teams
 

@@ -267,10 +267,10 @@ def kept_from_ray() -> Iterator[None]:
 
 
 def _watch_ray_session() -> None:
-    """A watchdog (hfl.runtime.reaper) for the Ray instance this process has just started: should
+    """A watchdog (hfl.process.reaper) for the Ray instance this process has just started: should
     the driver be killed outright (SIGKILL, where no handler runs), it stops the processes Ray's
     own fate-sharing leaves behind. A cluster this process joined is not its to stop."""
-    from hfl.runtime import reaper
+    from hfl.process import reaper
 
     node = getattr(sys.modules.get("ray._private.worker"), "_global_node", None)
     processes = getattr(node, "all_processes", None) or {}  # empty when the driver joined a running cluster

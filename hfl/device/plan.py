@@ -1,0 +1,85 @@
+"""A device's fit as data (``FitPlan``): one or more ``Phase``s of minibatch steps of
+``theta <- theta - lr * grad f(theta) - lr * prox * (theta - anchor)`` (plain SGD without an
+anchor) on its own sampler, and a ``finish`` that turns the trained models into its reply.
+``run_plan`` is the per-device path; the batched accelerator (hfl.accel.batched) runs the
+plans of all the devices a node asked as one computation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from flwr.common import NDArrays, Scalar
+
+from hfl.device.state import DeviceRuntime
+from hfl.device.training import Params, run_local_steps
+
+FitReply = tuple[NDArrays, int, dict[str, Scalar]]
+
+
+@dataclass
+class Phase:
+    """``steps`` minibatches from ``start``; on each, ``inner_steps`` steps (the prox-SGD step
+    toward ``anchor`` where there is one). With ``pull``, the anchor then moves toward the model,
+    ``anchor <- (1 - pull) anchor + pull theta`` (pFedMe's local model), and the runner leaves
+    its final value in ``moved_anchor``. The loss of a minibatch is its last inner step's."""
+
+    start: Params
+    steps: int
+    lr: float
+    anchor: Params | None = None
+    prox: float = 0.0
+    inner_steps: int = 1
+    pull: float | None = None
+    moved_anchor: Params | None = None  # set by the runner when ``pull`` is given
+
+
+@dataclass
+class FitPlan:
+    """A device's fit: its phases, run in order on its sampler, then ``finish(models, losses)``
+    (the trained model and mean loss of each phase) gives its reply."""
+
+    phases: list[Phase]
+    finish: Callable[[list[Params], list[float]], FitReply]
+
+
+def prox_update(lr: float, prox: float, anchor: Params | None) -> Callable[[Params, Params], Params]:
+    """The per-device step ``t - lr*g - lr*prox*(t - anchor)`` (``t - lr*g`` without an anchor):
+    the exact expressions the clients always used."""
+    if anchor is None:
+        return lambda p, g: [t - lr * gr for t, gr in zip(p, g, strict=True)]
+    return lambda p, g: [t - lr * gr - lr * prox * (t - a) for t, gr, a in zip(p, g, anchor, strict=True)]
+
+
+def run_inner_steps(dev: DeviceRuntime, phase: Phase) -> tuple[Params, float]:
+    """A phase with inner steps or a moving anchor, one device (pFedMe's loop, as it always ran)."""
+    if phase.anchor is None:
+        raise ValueError("a phase with inner steps or a pull needs an anchor")
+    theta, anchor = [p.clone() for p in phase.start], [p.clone() for p in phase.anchor]
+    losses = []
+    for _ in range(phase.steps):
+        idx = dev.sampler.next()
+        x, y = dev.x_train.index_select(0, idx), dev.y_train.index_select(0, idx)
+        update = prox_update(phase.lr, phase.prox, anchor)
+        for _ in range(phase.inner_steps):
+            loss, grad = dev.trainer.loss_and_grad(theta, x, y)
+            theta = update(theta, grad)
+        losses.append(float(loss))
+        if phase.pull is not None:
+            anchor = [(1.0 - phase.pull) * a + phase.pull * t for a, t in zip(anchor, theta, strict=True)]
+    phase.moved_anchor = anchor if phase.pull is not None else None
+    return theta, sum(losses) / max(len(losses), 1)
+
+
+def run_plan(dev: DeviceRuntime, plan: FitPlan) -> FitReply:
+    """The per-device path: each phase with ``run_local_steps`` on the device's own sampler."""
+    models, losses = [], []
+    for phase in plan.phases:
+        if phase.inner_steps == 1 and phase.pull is None:
+            params, loss = run_local_steps(dev.trainer, phase.start, dev.x_train, dev.y_train, dev.sampler,
+                                           phase.steps, prox_update(phase.lr, phase.prox, phase.anchor))
+        else:
+            params, loss = run_inner_steps(dev, phase)
+        models.append(params)
+        losses.append(loss)
+    return plan.finish(models, losses)
