@@ -97,6 +97,7 @@ def test_the_root_keeps_its_model_and_rule_state_in_the_store_and_is_rebuilt_fro
     root.store.round = 1
     results = [(Proxy("a"), reply(2.0, 1, team_id=0)), (Proxy("b"), reply(6.0, 3, team_id=1))]
     root.aggregate_fit(1, results, [])
+    root._save()  # what fit_round does once its round loop is done
     np.testing.assert_allclose(StateStore(tmp_path).load("node-root")["w_0"], [5.0])
     again = root_strategy(PerMFLServer, x, {**ALG, "beta": 0.5, "gamma": 1.5}, tmp_path, num_teams=2, num_rounds=3)
     np.testing.assert_allclose(again.current[0], [5.0])
@@ -135,7 +136,7 @@ def test_global_strategy_refuses_a_node_count_that_differs_from_the_topology(tmp
         manager.register(Proxy(cid))
     strategy = root_strategy(PerMFLServer, [np.zeros(1)], ALG, tmp_path, num_teams=2, num_rounds=1, team_wait_seconds=0.1)
     with pytest.raises(RuntimeError, match="3 team nodes connected but topology has 2 teams"):
-        strategy.configure_fit(1, ndarrays_to_parameters([np.zeros(1)]), manager)
+        strategy.fit_round(1, manager, lambda calls: [])
 
 
 def test_global_strategy_refuses_two_nodes_serving_one_team(tmp_path):

@@ -248,16 +248,45 @@ def test_samples_are_reproducible_and_seeded(runs):
 
 
 def test_samples_are_recorded_in_team_order_whatever_the_arrival_order(tmp_path):
+    """The root's round loop calls its level-1 nodes at once (Flower ids in any order, replies
+    arriving in any order: node 0 answers last) and records their samples in tree order."""
+    import threading
+
+    from flwr.common import GetPropertiesRes
+    from flwr.server.client_manager import SimpleClientManager
+    from flwr.server.client_proxy import ClientProxy
+
+    from hfl.node.inprocess import fit_together
     from strategies.fedavg import FedAvgServer
     from tests.conftest import root_strategy
 
     x = [np.zeros(2, dtype=np.float32)]
     strategy = root_strategy(FedAvgServer, x, {"weighted": True}, tmp_path, num_teams=2, num_rounds=1)
-    strategy._round = {k: 0 for k in ("failures", "bytes_up_global", "bytes_down_team", "bytes_up_team",
-                                      "compute_seconds")}
     records = {t: json.dumps([{"node": f"{t}.0", "round": "1.1.1", "asked": [f"00000{t}"]}]) for t in (0, 1)}
-    results = [(_Proxy(f"00000{t}"), _res([_a(t, t)], 5, team_id=t, node=str(t), samples=records[t])) for t in (1, 0)]
-    strategy.aggregate_fit(1, results, [])
+    answered_1 = threading.Event()
+
+    class Level1(ClientProxy):
+        def __init__(self, cid: str, path: int) -> None:
+            super().__init__(cid)
+            self.path = path
+
+        def get_properties(self, ins, timeout, group_id):  # noqa: ANN001, ANN201
+            return GetPropertiesRes(Status(Code.OK, ""), {"path": str(self.path)})
+
+        def fit(self, ins, timeout, group_id):  # noqa: ANN001, ANN201
+            if self.path == 0:
+                assert answered_1.wait(10)  # node 1's reply arrives first
+            reply = _res([_a(self.path, self.path)], 5, team_id=self.path, node=str(self.path),
+                         samples=records[self.path])
+            answered_1.set()
+            return reply
+
+        get_parameters = evaluate = reconnect = None
+
+    manager = SimpleClientManager()
+    for cid, path in (("9", 0), ("3", 1)):  # Flower's ids sort the other way round
+        manager.register(Level1(cid, path))
+    strategy.fit_round(1, manager, fit_together(1))
     assert strategy._round["samples"] == [records[0], records[1]]
 
 

@@ -1,5 +1,5 @@
-"""The root of a deployment: the engine's root (``hfl.node.root.RootStrategy``, as in simulation)
-driven by Flower's legacy ``Server`` over the level-1 node hosts' bridges, reached through
+"""The root of a deployment: the engine's root (``hfl.node.root.RootStrategy`` in its round loop,
+``RootServer``, as in simulation) over the level-1 node hosts' bridges, reached through
 ``hfl.deploy.grid`` (replies looked for from 20 ms on, every 0.25 s at most; Flower waits 3 s). When the rounds are done the
 bridges are told to stop their node servers, which tell theirs.
 
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from flwr.app import Context
-from flwr.server import Server, ServerConfig
+from flwr.server import ServerConfig
 from flwr.server.server import run_fl
 from flwr.serverapp.grid import Grid
 
@@ -29,7 +29,7 @@ def serve_root(grid: Grid, context: Context, cfg: Mapping, out: Path) -> None:
     from hfl.deploy.node_server import log_to
     from hfl.deploy.private import private_umask
     from hfl.output import tracking
-    from hfl.runtime.apps import build_global_strategy, rounds_left
+    from hfl.runtime.apps import build_global_strategy, root_server, rounds_left
     from hfl.runtime.build import check_tree, federation_for
     from hfl.runtime.simulate import finished_summary
     from hfl.state.lock import RunLock
@@ -56,7 +56,7 @@ def serve_root(grid: Grid, context: Context, cfg: Mapping, out: Path) -> None:
                 return
             started = tracking.begin(tracker, cfg, start.recorder["lines"] if start is not None else ())
             strategy = build_global_strategy(cfg, out, start, tracker=started)
-            run_fl(Server(client_manager=ChildrenManager(children), strategy=strategy),
+            run_fl(root_server(strategy, ChildrenManager(children), start),
                    ServerConfig(num_rounds=rounds_left(cfg, start)))
     except Exception:
         log.exception("the root's run failed")

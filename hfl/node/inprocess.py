@@ -8,6 +8,7 @@ Children may themselves be team nodes, which is what makes deeper trees possible
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -29,8 +30,6 @@ from flwr.common import (
     Parameters,
     ReconnectIns,
 )
-from flwr.common.logger import log as flwr_log
-from flwr.server import Server
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
@@ -85,40 +84,6 @@ class NamedChild(ClientProxy):
         raise RuntimeError(f"child {self.cid} is not called through a carried reply")
 
     get_properties = get_parameters = fit = evaluate = reconnect = _absent
-
-
-class LockstepServer(Server):
-    """Flower's legacy ``Server`` whose fit rounds run the asked children as the parties of a
-    ``Lockstep`` (hfl.accel.lockstep): their fits take turns, and the batched steps they reach are merged
-    by ``execute`` (``hfl.accel.batched.run_plan_requests``). Evaluation rounds are Flower's own."""
-
-    def __init__(self, *, client_manager: SimpleClientManager, strategy: Strategy, execute: Execute) -> None:
-        super().__init__(client_manager=client_manager, strategy=strategy)
-        self.execute = execute
-
-    def fit_round(self, server_round: int, timeout: float | None):  # noqa: ANN201 - Flower's own type
-        instructions = self.strategy.configure_fit(server_round=server_round, parameters=self.parameters,
-                                                   client_manager=self._client_manager)
-        # Flower's own log lines for a fit round, on its logger (the run's log file has them)
-        if not instructions:
-            flwr_log(logging.INFO, "configure_fit: no clients selected, cancel")
-            return None
-        flwr_log(logging.INFO, "configure_fit: strategy sampled %s clients (out of %s)", len(instructions),
-                 self._client_manager.num_available())
-        outcomes = Lockstep(self.execute).run([lambda proxy=proxy, ins=ins: proxy.fit(ins, timeout=timeout, group_id=server_round)
-                                               for proxy, ins in instructions])
-        results: list[tuple[ClientProxy, FitRes]] = []
-        failures: list[tuple[ClientProxy, FitRes] | BaseException] = []
-        for (proxy, _), res in zip(instructions, outcomes, strict=True):
-            if isinstance(res, BaseException):
-                failures.append(res)
-            elif res.status.code == Code.OK:
-                results.append((proxy, res))
-            else:
-                failures.append((proxy, res))
-        flwr_log(logging.INFO, "aggregate_fit: received %s results and %s failures", len(results), len(failures))
-        parameters, metrics = self.strategy.aggregate_fit(server_round, results, failures)
-        return parameters, metrics, (results, failures)
 
 
 class ChildProxies(Sequence[ClientProxy]):
@@ -232,16 +197,43 @@ Sampler = Callable[[int, list[ClientProxy]], list[ClientProxy]]
 FitMany = Callable[[list[tuple[ClientProxy, FitIns]]], list[FitRes | BaseException]]
 
 
-def call_fit(proxy: ClientProxy, ins: FitIns) -> FitRes | BaseException:
+def call_fit(proxy: ClientProxy, ins: FitIns, timeout: float | None = None,
+             group_id: int | None = None) -> FitRes | BaseException:
     """A child's FitRes, or the exception it raised (a dead child is counted, the round goes on)."""
     try:
-        return proxy.fit(ins, timeout=None, group_id=None)
+        return proxy.fit(ins, timeout=timeout, group_id=group_id)
     except Exception as exc:  # noqa: BLE001 - the caller counts it as the child's failure
         return exc
 
 
 def fit_one_by_one(calls: list[tuple[ClientProxy, FitIns]]) -> list[FitRes | BaseException]:
     return [call_fit(proxy, ins) for proxy, ins in calls]
+
+
+def fit_together(group_id: int | None = None, timeout: float | None = None) -> FitMany:
+    """The children called at once, each on a thread of its own (as Flower's legacy server calls
+    its clients): the root's level-1 nodes work in parallel where they live elsewhere (Ray actors,
+    deployed hosts). Replies in the order of the calls."""
+
+    def fit_many(calls: list[tuple[ClientProxy, FitIns]]) -> list[FitRes | BaseException]:
+        if len(calls) <= 1:
+            return [call_fit(proxy, ins, timeout, group_id) for proxy, ins in calls]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(calls)) as pool:
+            futures = [pool.submit(call_fit, proxy, ins, timeout, group_id) for proxy, ins in calls]
+            return [f.result() for f in futures]
+
+    return fit_many
+
+
+def fit_in_lockstep(execute: Execute, group_id: int | None = None, timeout: float | None = None) -> FitMany:
+    """The children as the parties of a ``Lockstep`` (hfl.accel.lockstep): their fits take turns,
+    and the batched steps they reach are merged by ``execute`` (hfl.accel.batched.run_plan_requests)."""
+
+    def fit_many(calls: list[tuple[ClientProxy, FitIns]]) -> list[FitRes | BaseException]:
+        return Lockstep(execute).run([lambda proxy=proxy, ins=ins: proxy.fit(ins, timeout=timeout, group_id=group_id)
+                                      for proxy, ins in calls])
+
+    return fit_many
 
 
 def run_fit_rounds(
@@ -253,8 +245,11 @@ def run_fit_rounds(
     forward: dict | None = None,
     fit_many: FitMany = fit_one_by_one,
     timer: NodeTimer | None = None,
+    first_round: int = 1,
+    on_reply: Callable[[FitRes], None] | None = None,
 ) -> tuple[Parameters, RoundsReport]:
-    """``num_rounds`` rounds of configure_fit -> client.fit -> aggregate_fit, in order.
+    """``num_rounds`` rounds of configure_fit -> client.fit -> aggregate_fit, in order: the round
+    loop of every node, the root included (one global round a call, ``first_round`` its number).
 
     Each round the strategy sees only the children ``sample(round, children)`` picks (all
     of them without a sampler); each FitIns also carries the ``round_path`` of that round
@@ -263,13 +258,16 @@ def run_fit_rounds(
     calls the round's children (one by one, or a lowest node's devices batched). With a ``timer``
     (simulated time, hfl.clock), each reply reaches the node at its simulated time and the level's
     policy decides which replies a round merges (sync: all; deadline, buffered: hfl.clock.policy).
+    ``on_reply`` sees every reply whose subtree's counters count this round (the root's recorder
+    counts its own names from them); the strategy's ``merge_reference`` (if it has one) is the model
+    stale replies are merged against, else the round's starting model.
     """
     report = RoundsReport()
     parameters = strategy.initialize_parameters(manager)
     if parameters is None:
         raise RuntimeError(f"{type(strategy).__name__}.initialize_parameters returned no model")
     children = ordered_children(manager)  # proxies made only for the children a sample reads
-    for server_round in range(1, num_rounds + 1):
+    for server_round in range(first_round, first_round + num_rounds):
         asked = sample(server_round, children) if sample is not None else list(children)
         report.samples.append([proxy.cid for proxy in asked])
         instructions = strategy.configure_fit(server_round, parameters, client_manager_of(asked))
@@ -288,7 +286,10 @@ def run_fit_rounds(
             for res in outcomes:
                 if isinstance(res, FitRes) and res.status.code == Code.OK:
                     report.add_child_counters(res.metrics)
-            closed, timing = timer.close(calls, outcomes, decode(parameters))
+                    if on_reply is not None:
+                        on_reply(res)
+            reference = getattr(strategy, "merge_reference", None)
+            closed, timing = timer.close(calls, outcomes, reference() if reference else decode(parameters))
             report.add_timing(timing)
             by_cid = {proxy.cid: proxy for proxy, _ in calls}
             outcomes = [entry.result for entry in closed.merged + closed.failed]
@@ -307,6 +308,8 @@ def run_fit_rounds(
             report.bytes_up += payload_nbytes(res.parameters)
             if timer is None:
                 report.add_child_counters(res.metrics)
+                if on_reply is not None:
+                    on_reply(res)
             results.append((proxy, res))
         report.failures += len(failures)  # in every round of every policy, merged or not
         if timer is not None and not results and (timing.pending or not failures):

@@ -1,13 +1,16 @@
-"""The root: the algorithm's ``ServerRule`` at level 0 under a thin Flower driver.
+"""The root: the algorithm's ``ServerRule`` at level 0, in the round loop every node runs.
 
-``RootStrategy`` is the ServerApp's strategy. Each global round it asks the level-1 nodes
-(all of them, those holding a device drawn for the round with ``sampling=devices``, less those
-a simulated fault drops), hands the accepted replies to the rule, and saves the root's model and
-the rule's state in the state store under ``node-root`` as a version of that round, like every
-other node's (hfl.state.store): a resumed run rebuilds the rule from the store, rolled back to its
-checkpoint's round, so the root keeps no state of its own. Evaluation rounds pool the subtrees'
-counts (hfl.node.evaluation); the recorder (hfl.output.recorder) observes every finished round and writes
-the outputs and the checkpoint.
+``RootStrategy`` is the root's Flower strategy. Each global round ``RootServer`` (Flower's legacy
+``Server``, its loop hfl's) calls ``RootStrategy.fit_round``, which runs the nodes' own round loop
+(``hfl.node.inprocess.run_fit_rounds``: the exchange, the clock's close, failures, empty rounds,
+the strategy's configure_fit/aggregate_fit) over the level-1 nodes it asks (all of them, those
+holding a device drawn for the round with ``sampling=devices``, the idle ones under a clock, less
+those a simulated fault drops), then saves the root's model and the rule's state in the state
+store under ``node-root`` as a version of that round, like every other node's (hfl.state.store):
+a resumed run rebuilds the rule from the store, rolled back to its checkpoint's round. Evaluation
+rounds (Flower's own, over this strategy) pool the subtrees' counts (hfl.node.evaluation); the
+recorder (hfl.output.recorder) observes every finished round and writes the outputs and the
+checkpoint.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 from flwr.common import EvaluateIns, FitIns, FitRes, GetPropertiesIns, NDArrays, Parameters, Scalar, ndarrays_to_parameters
+from flwr.common.logger import log as flwr_log
+from flwr.server import History, Server
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
@@ -28,7 +33,7 @@ from hfl.clock.model import Clock
 from hfl.clock.policy import LevelPolicy
 from hfl.clock.timer import PREFIX as CLOCK_PREFIX
 from hfl.clock.timer import SIM_TIME, NodeTimer, without_clock
-from hfl.node.inprocess import NamedChild
+from hfl.node.inprocess import FitMany, call_fit, fit_together, run_fit_rounds
 from hfl.errors import ConfigError, first_failure
 from hfl.node.client import EVAL_SAMPLES, node_key
 from hfl.node.evaluation import pool_evaluations
@@ -67,17 +72,13 @@ class RootStrategy(Strategy):
         seed: int = 0,
     ) -> None:
         self.store = store
-        stored = store.load(ROOT_KEY)
-        self.rule = make_rule(without_clock(stored))
-        # Simulated time (hfl.clock): the root's clock, model version and level-1 replies in flight.
-        self.timer = None if clock is None else NodeTimer(
-            clock, policy or LevelPolicy(), level=0, lowest=False, path="", seed=seed, stored=stored, new_call=False,
-            start=float(stored.get(f"{CLOCK_PREFIX}time", 0.0)) if stored else 0.0)
-        self._sent: dict[str, FitIns] = {}
-        # Per level (str), the rounds of its nodes that merged replies and those that merged nothing (hfl.clock)
-        self.merges: dict[str, dict[str, int]] = json.loads(bytes(stored[MERGES]).decode()) \
-            if stored and MERGES in stored else {}
-        self.current: NDArrays = self.rule.start()
+        self.make_rule = make_rule
+        self.clock, self.policy, self.seed = clock, policy or LevelPolicy(), seed
+        self.rule: ServerRule
+        self.timer: NodeTimer | None
+        self.merges: dict[str, dict[str, int]]
+        self.current: NDArrays
+        self._restore()
         self.num_teams = num_teams
         self.num_rounds = num_rounds
         self.eval_every = eval_every
@@ -91,6 +92,20 @@ class RootStrategy(Strategy):
         self.evaluation = evaluation  # sampled evaluation (eval_fraction); None: every device is tested
         self._paths: dict[str, str] = {}  # level-1 node cid -> its path (asked once)
         self._round: dict[str, float] = {}
+
+    def _restore(self) -> None:
+        """The rule, its model and the clock, built from the root's stored state as every node builds
+        them at each call (the root's call: a global round), so what the root keeps between rounds
+        is exactly what it stores."""
+        stored = self.store.load(ROOT_KEY)
+        self.rule = self.make_rule(without_clock(stored))
+        # Simulated time (hfl.clock): the root's clock, model version and level-1 replies in flight.
+        self.timer = None if self.clock is None else NodeTimer(
+            self.clock, self.policy, level=0, lowest=False, path="", seed=self.seed, stored=stored, new_call=False,
+            start=float(stored.get(f"{CLOCK_PREFIX}time", 0.0)) if stored else 0.0)
+        # Per level (str), the rounds of its nodes that merged replies and those that merged nothing (hfl.clock)
+        self.merges = json.loads(bytes(stored[MERGES]).decode()) if stored and MERGES in stored else {}
+        self.current = self.rule.start()
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return ndarrays_to_parameters(self.current)
@@ -107,30 +122,52 @@ class RootStrategy(Strategy):
             )
         return sorted(client_manager.all().values(), key=lambda p: p.cid)
 
-    def configure_fit(self, server_round, parameters, client_manager):  # noqa: ANN001
+    # ------------------------------------------------------------------ a global round
+    def fit_round(self, server_round: int, client_manager: ClientManager, fit_many: FitMany) -> None:
+        """Global round ``server_round``: the node's round loop (hfl.node.inprocess.run_fit_rounds,
+        as every inner node runs it) over the level-1 nodes this round asks, with this strategy's
+        configure_fit and aggregate_fit; then the root's state is saved as a version of the round."""
         self._round = {"start": time.perf_counter(), "bytes_down_global": 0, "bytes_up_global": 0,
                        "bytes_down_team": 0, "bytes_up_team": 0, "compute_seconds": 0.0, "failures": 0}
+        self._restore()
         self.store.round = server_round  # the root's state is a version of this round (hfl.state.store)
+        teams = [p for _, p in sorted((int(self._path_of(p, server_round)), p)
+                                      for p in self._teams(client_manager))]  # tree order, not Flower's ids
+        teams, extra = self._fit_targets(server_round, teams)
+
+        def cohort(_: int, __: object) -> list[ClientProxy]:
+            asked = teams
+            if self.timer is not None:  # the idle level-1 nodes (all of them under sync)
+                asked = self.timer.pick(asked, 1.0, str(server_round))
+            return self._drop_nodes(server_round, asked)
+
+        _, report = run_fit_rounds(self, client_manager, 1, cohort, "", extra or None, fit_many, self.timer,
+                                   first_round=server_round, on_reply=self._count_reply)
+        self._round["bytes_down_global"] += report.bytes_down
+        self._round["bytes_up_global"] += report.bytes_up
+        rejected = int(report.metrics[-1].get("rejected", 0)) if report.merged_rounds else 0
+        self._round["failures"] += report.failures + rejected
+        self._round["failures_level1"] = self._round.get("failures_level1", 0) + report.failures + rejected
+        if self.timer is not None:
+            self._round["sim_time"] = report.sim_time
+            self._round["late_level1"] = self._round.get("late_level1", 0) + report.late
+            self._round["stale_level1"] = self._round.get("stale_level1", 0) + report.stale
+            for key, count in (("merged_rounds_level0", report.merged_rounds), ("empty_rounds_level0", report.empty_rounds)):
+                if count:
+                    self._round[key] = self._round.get(key, 0) + count
+        self._save()
+
+    def configure_fit(self, server_round, parameters, client_manager):  # noqa: ANN001
+        """The rule's message to the level-1 nodes the round asks (``client_manager``), in tree order."""
         self.current = self.rule.prepare(server_round, self.current)
-        teams, extra = self._fit_targets(server_round, self._teams(client_manager))
-        if self.timer is not None and self.timer.policy.kind != "sync":  # the idle level-1 nodes it asks
-            by_path = sorted((int(self._path_of(p, server_round)), p) for p in teams)
-            teams = self.timer.pick([p for _, p in by_path], 1.0, str(server_round))
-            if not teams:
-                # Every level-1 node is busy: the round closes over the replies in flight (the timer has
-                # moved to the next arrival). Flower cancels a fit round with nobody to ask, so it closes here.
-                self._aggregate(server_round, [], [])
-                return []
-        teams = self._drop_nodes(server_round, teams)
         arrays, meta = self.rule.fit_message(server_round, self.current)
-        parameters = ndarrays_to_parameters(arrays)
-        self._round["bytes_down_global"] += payload_nbytes(parameters) * len(teams)
-        ins = FitIns(parameters, {**extra, **meta, "global_round": server_round})
-        calls = [(proxy, ins) for proxy in teams]
-        if self.timer is not None:  # each call carries the root's time
-            calls = self.timer.send(calls)
-            self._sent = {proxy.cid: sent for proxy, sent in calls}
-        return calls
+        ins = FitIns(ndarrays_to_parameters(arrays), {**meta, "global_round": server_round})
+        return [(proxy, ins) for proxy in sorted(client_manager.all().values(),
+                                                 key=lambda p: int(self._path_of(p, server_round)))]
+
+    def merge_reference(self) -> NDArrays:
+        """What a stale level-1 reply is merged against (hfl.clock): the root's model after ``prepare``."""
+        return self.current
 
     def _path_of(self, proxy: ClientProxy, server_round: int) -> str:
         """A level-1 node's path in the tree: Flower's node ids say nothing of the tree, so each
@@ -177,49 +214,13 @@ class RootStrategy(Strategy):
             ):
                 self._round[key] = self._round.get(key, 0) + value
 
-    def _timed(self, results: list) -> tuple[list, int]:
-        """The replies the root's policy merges this round (hfl.clock): all with sync; the level-1
-        replies that arrived in time or filled the buffer otherwise, stale ones as weighted deltas;
-        and how many it did not take but may still come (late, in flight, empty)."""
-        calls = [(proxy, self._sent[proxy.cid]) for proxy, _ in results]
-        closed, timing = self.timer.close(calls, [res for _, res in results], self.current)
-        self._round["sim_time"] = timing.end
-        self._round["late_level1"] = self._round.get("late_level1", 0) + timing.late
-        self._round["stale_level1"] = self._round.get("stale_level1", 0) + timing.stale
-        return [(entry.proxy or NamedChild(entry.cid), entry.result) for entry in closed.merged], timing.pending
-
     def aggregate_fit(self, server_round, results, failures):  # noqa: ANN001
-        return self._aggregate(server_round, results, failures)
-
-    def _aggregate(self, server_round: int, results: list, failures: list) -> tuple[Parameters, dict]:
-        # In node order, not arrival order (Flower's server collects futures in any order); a subtree's
-        # counters count when it computed them, whether its reply is merged now, later (hfl.clock) or never.
-        for _, res in sorted(results, key=lambda r: node_order(r[1].metrics)):
-            self._count_team_report(res.metrics)
-            if self.timer is not None:  # merged or not (without a clock: every reply, below)
-                self._count_subtree(res)
-        # A level-1 node that failed is counted in the round it failed in, whatever the policy.
-        self._round["failures"] += len(failures)
-        self._round["failures_level1"] = self._round.get("failures_level1", 0) + len(failures)
-        if self.timer is not None:
-            results, pending = self._timed(results)
-            if not results and (pending or not failures):
-                # No level-1 reply arrived in time: the policy merges nothing this round (counted); failures
-                # alone with nothing left to come stop the run below, naming the first, as under sync.
-                self._round["empty_rounds_level0"] = self._round.get("empty_rounds_level0", 0) + 1
-                self._save()
-                return ndarrays_to_parameters(self.current), {}
+        """The accepted level-1 replies to the rule; fails loudly when there are too few."""
         accepted, rejected = accept_results(results, self.current, "team_id", "global")
         team_ids = [u.metrics.get("team_id") for u in accepted]
         if len(set(team_ids)) != len(team_ids):
             raise RuntimeError(f"global round {server_round}: duplicate team ids {sorted(team_ids)}; "
                                "two nodes serve the same team (check partition-id)")
-        self._round["failures"] += rejected
-        self._round["failures_level1"] += rejected
-        for _, res in sorted(results, key=lambda r: node_order(r[1].metrics)):
-            self._round["bytes_up_global"] += payload_nbytes(res.parameters)
-            if self.timer is None:
-                self._count_subtree(res)
         if not accepted:
             raise RuntimeError(
                 f"global round {server_round}: no team model to aggregate "
@@ -238,10 +239,13 @@ class RootStrategy(Strategy):
         for key in ("fit_test_correct", "fit_test_samples"):
             self._round[key] = sum(int(res.metrics.get(key, 0)) for _, res in results)
         self.current = self.rule.aggregate(self.current, Replies(server_round, str(server_round), accepted))
-        if self.timer is not None:
-            self._round["merged_rounds_level0"] = self._round.get("merged_rounds_level0", 0) + 1
-        self._save()
-        return ndarrays_to_parameters(self.current), {}
+        return ndarrays_to_parameters(self.current), {"rejected": rejected}
+
+    def _count_reply(self, res: FitRes) -> None:
+        """A level-1 reply whose subtree's counters count this round (hfl.clock: when it computed them,
+        whether its reply is merged now, later or never): its counters, sample records and failures."""
+        self._count_team_report(res.metrics)
+        self._count_subtree(res)
 
     def _count_subtree(self, res: FitRes) -> None:
         """A level-1 reply's sample records and its subtree's failures, counted once."""
@@ -319,6 +323,41 @@ class RootStrategy(Strategy):
                               f"no node at any level merged a reply in {server_round} global rounds: the run "
                               "trained nothing (every reply was late, in flight or failed); give the slowest "
                               "subtree time to answer (a longer clock.deadline, or clock.late=next)")
+
+
+class RootServer(Server):
+    """Flower's legacy ``Server`` with hfl's loop: each global round the root's ``fit_round`` (the
+    round loop every node runs), then Flower's own evaluation round over the root's strategy. Flower
+    carries the messages (in-process proxies, Ray actors, a deployment's hosts); ``offset``: the
+    global rounds a resumed run has done already (hfl.state.resume)."""
+
+    def __init__(self, *, client_manager: ClientManager, strategy: RootStrategy, offset: int = 0,
+                 fit_many: Callable[[int, float | None], FitMany] | None = None) -> None:
+        super().__init__(client_manager=client_manager, strategy=strategy)
+        self.root = strategy
+        self.offset = offset
+        self._fit_many = fit_many
+
+    def fit_many(self, server_round: int, timeout: float | None) -> FitMany:
+        """How a round's level-1 nodes are called: ``fit_many`` if given, else at once (Flower's
+        default), or one after the other where the server has one worker (in process)."""
+        if self._fit_many is not None:
+            return self._fit_many(server_round, timeout)
+        if self.max_workers == 1:
+            return lambda calls: [call_fit(proxy, ins, timeout, server_round) for proxy, ins in calls]
+        return fit_together(server_round, timeout)
+
+    def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
+        history = History()
+        start = time.perf_counter()
+        for server_round in range(self.offset + 1, self.offset + num_rounds + 1):
+            flwr_log(logging.INFO, "[ROUND %s]", server_round)
+            self.root.fit_round(server_round, self._client_manager, self.fit_many(server_round, timeout))
+            evaluated = self.evaluate_round(server_round, timeout)
+            if evaluated is not None and evaluated[0] is not None:
+                history.add_loss_distributed(server_round, evaluated[0])
+                history.add_metrics_distributed(server_round, evaluated[1])
+        return history, time.perf_counter() - start
 
 
 def never_merged(merges: Mapping[str, Mapping[str, int]]) -> list[str]:

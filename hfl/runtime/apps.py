@@ -11,13 +11,13 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from flwr.client import Client, ClientApp
 from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
-from flwr.server.strategy import Strategy
+from flwr.server.client_manager import ClientManager, SimpleClientManager
 
 from hfl.clock.model import run_clock
 from hfl.clock.policy import LevelPolicy
@@ -31,8 +31,9 @@ from hfl.node.payload import Payload
 from hfl.runtime.polling import PolledServerApp
 from hfl.output import tracking
 from hfl.output.recorder import Recorder
-from hfl.state.resume import Checkpoint, Resumed
-from hfl.node.root import RootStrategy
+from hfl.state.resume import Checkpoint
+from hfl.node.inprocess import FitMany
+from hfl.node.root import RootServer, RootStrategy
 from hfl.tree.sampling import DeviceDraw, EvaluationDraw
 from hfl.state.store import StateStore
 
@@ -45,11 +46,10 @@ def run_meta(cfg: Mapping) -> dict:
 
 
 def build_global_strategy(cfg: Mapping, run_dir: str | Path, start: Checkpoint | None = None,
-                          tracker: tracking.Guarded | None = None) -> Strategy:
-    """The root: the algorithm's server rule at level 0 under hfl.node.root's driver, rebuilt from the
-    state store (which a resumed run has rolled back to ``start.round``); with ``start``, the
-    rounds Flower counts are offset by it (hfl.state.resume). ``tracker``: the run's started
-    tracker (hfl.output.tracking), fed by its recorder."""
+                          tracker: tracking.Guarded | None = None) -> RootStrategy:
+    """The root: the algorithm's server rule at level 0 as a Flower strategy, rebuilt from the
+    state store (which a resumed run has rolled back to ``start.round``); ``root_server`` drives
+    it. ``tracker``: the run's started tracker (hfl.output.tracking), fed by its recorder."""
     fed = federation_for(cfg)
     alg = cfg["algorithm"]
     restore = None if start is None else {**start.recorder, "round": start.round}
@@ -84,7 +84,15 @@ def build_global_strategy(cfg: Mapping, run_dir: str | Path, start: Checkpoint |
         policy=LevelPolicy.for_level(cfg.get("clock", {}), 0),
         seed=int(cfg["seed"]),
     )
-    return strategy if start is None else Resumed(strategy, start.round)
+    return strategy
+
+
+def root_server(strategy: RootStrategy, client_manager: ClientManager, start: Checkpoint | None = None,
+                fit_many: Callable[[int, float | None], FitMany] | None = None) -> RootServer:
+    """The root's round loop over ``client_manager``'s level-1 nodes (hfl.node.root.RootServer),
+    after ``start``'s rounds for a resumed run."""
+    return RootServer(client_manager=client_manager, strategy=strategy,
+                      offset=start.round if start is not None else 0, fit_many=fit_many)
 
 
 def rounds_left(cfg: Mapping, start: Checkpoint | None) -> int:
@@ -119,7 +127,8 @@ def make_server_app(cfg: Mapping, run_dir: str | Path, start: Checkpoint | None 
                     tracker: tracking.Guarded | None = None) -> ServerApp:
     def server_fn(context: Context) -> ServerAppComponents:
         strategy = build_global_strategy(cfg, run_dir, start, tracker)
-        return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds_left(cfg, start)))
+        return ServerAppComponents(server=root_server(strategy, SimpleClientManager(), start),
+                                   config=ServerConfig(num_rounds=rounds_left(cfg, start)))
 
     return PolledServerApp(server_fn=server_fn, pull_interval=cfg["runtime"].get("poll_interval"))
 
@@ -146,7 +155,8 @@ def _flwr_server_fn(context: Context) -> ServerAppComponents:
     out = _output_dir(context)
     tracker = tracking.begin(tracking.open_tracker(cfg.get("logger"), out), cfg)  # the logger group
     strategy = build_global_strategy(cfg, out, tracker=tracker)
-    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=int(cfg["global_rounds"])))
+    return ServerAppComponents(server=root_server(strategy, SimpleClientManager()),
+                               config=ServerConfig(num_rounds=int(cfg["global_rounds"])))
 
 
 # ``flwr run``'s simulation: Flower's legacy loop (hfl.app dispatches a deployment's root and node servers)

@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
-from flwr.server import Server
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from hydra.types import RunMode
@@ -31,12 +30,13 @@ from hfl.runtime.apps import (
     freeze_long_lived_objects,
     make_client_app,
     make_server_app,
+    root_server,
     rounds_left,
     run_meta,
 )
 from hfl.config.checks import validate
 from hfl.errors import ConfigError, out_of_space, user_error
-from hfl.node.inprocess import InProcessClientProxy, LockstepServer, client_manager_of
+from hfl.node.inprocess import InProcessClientProxy, client_manager_of, fit_in_lockstep
 from hfl.runtime.build import build_team_node, check_tree, federation_for, initial_model
 from hfl.runtime.polling import simulation_polling
 from hfl.output.recorder import Recorder
@@ -67,12 +67,11 @@ def run_inprocess(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None,
     # each other's nodes built (and glibc an allocation arena per thread: 3,500 devices in 5
     # teams peaked at 1.74 GiB against 1.5 one team at a time).
     smallest = min(len(tree.devices(path)) for path in tree.nodes_at(tree.depth - 1))
-    if cfg["runtime"].get("batch_siblings", False) and smallest <= batched.MERGE_MAX_DEVICES:
-        server: Server = LockstepServer(client_manager=manager, strategy=strategy, execute=batched.run_plan_requests)
-    else:
-        server = Server(client_manager=manager, strategy=strategy)
+    lockstep = cfg["runtime"].get("batch_siblings", False) and smallest <= batched.MERGE_MAX_DEVICES
+    server = root_server(strategy, manager, start, fit_many=(
+        lambda server_round, timeout: fit_in_lockstep(batched.run_plan_requests, server_round, timeout)) if lockstep else None)
     freeze_long_lived_objects()
-    server.set_max_workers(1)  # evaluation rounds: one child after the other
+    server.set_max_workers(1)  # one level-1 node after the other (fit and evaluation rounds)
     server.fit(num_rounds=rounds_left(cfg, start), timeout=None)
 
 

@@ -13,9 +13,9 @@ same models and the same metrics.jsonl (but for wall-clock fields) as a run neve
   store (hfl.state.store): before anything
   runs, a resumption rolls it back to the checkpoint's round R, whatever round R+1 wrote, and the
   recorder rewrites metrics.jsonl and samples.jsonl up to round R;
-- Flower counts rounds from 1: the remaining T - R rounds run behind ``Resumed``, which shows
-  the strategy the true global rounds (FitIns ``global_round`` and the round paths included,
-  so every seeded stream — sampling, device draws, FeMAM's K-means — is the one of those rounds).
+- the root's round loop (hfl.node.root.RootServer) goes on at round R + 1 with the true global
+  rounds (FitIns ``global_round`` and the round paths included, so every seeded stream —
+  sampling, device draws, FeMAM's K-means — is the one of those rounds).
 
 Damage (a power cut, a torn write, a deleted file) never resumes silently from the wrong state:
 an unreadable checkpoint is passed over for the previous one, with a warning naming it; an
@@ -37,8 +37,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from flwr.common import Parameters, ndarrays_to_parameters
-from flwr.server.strategy import Strategy
 
 from hfl.errors import ConfigError
 from hfl.state.store import StateStore, atomic_write_bytes, fsync_dir
@@ -422,37 +420,3 @@ def _warn_removed(removed: list[Path]) -> None:
     for path in removed:
         log.warning("hfl: removed the unreadable state file %s (counted as absent)", path)
 
-
-class Resumed(Strategy):
-    """The root strategy of a resumed run. Flower counts rounds from 1: the strategy sees
-    ``offset`` + Flower's round, and starts from the model its rule rebuilt from the store."""
-
-    def __init__(self, inner: Strategy, offset: int) -> None:
-        self.inner = inner
-        self.offset = offset
-
-    def __getattr__(self, name: str) -> Any:  # anything else is the inner strategy's
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    def __repr__(self) -> str:
-        return f"Resumed({self.inner!r}, after round {self.offset})"
-
-    def initialize_parameters(self, client_manager) -> Parameters | None:  # noqa: ANN001
-        return ndarrays_to_parameters(self.inner.current)
-
-    def configure_fit(self, server_round, parameters, client_manager):  # noqa: ANN001
-        return self.inner.configure_fit(server_round + self.offset, parameters, client_manager)
-
-    def aggregate_fit(self, server_round, results, failures):  # noqa: ANN001
-        return self.inner.aggregate_fit(server_round + self.offset, results, failures)
-
-    def configure_evaluate(self, server_round, parameters, client_manager):  # noqa: ANN001
-        return self.inner.configure_evaluate(server_round + self.offset, parameters, client_manager)
-
-    def aggregate_evaluate(self, server_round, results, failures):  # noqa: ANN001
-        return self.inner.aggregate_evaluate(server_round + self.offset, results, failures)
-
-    def evaluate(self, server_round, parameters):  # noqa: ANN001
-        return self.inner.evaluate(server_round + self.offset, parameters)
