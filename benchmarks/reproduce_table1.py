@@ -27,7 +27,7 @@ then ``hfl-report <out>/<setting> --out <out>/report/<setting> --paper benchmark
     .venv/bin/python benchmarks/reproduce_table1.py --settings mnist_cnn --rounds 5 --seeds 0
 
 On a GPU every run uses it (``runtime.device=auto``); a mnist_cnn run holds ~6 GB of GPU memory
-(its four teams' devices step together, hfl.accel.lockstep): on an 80 GB H100 under CUDA MPS
+(its four teams' devices step together, hfl.node.lockstep): on an 80 GB H100 under CUDA MPS
 ``--jobs 12`` fit (76 GB at the peak) and ``--jobs 24`` did not (15 runs out of memory in their
 first round; rerun by resuming with fewer jobs). See docs/runtimes.md, "The GPU".
 """

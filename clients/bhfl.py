@@ -13,7 +13,7 @@ from hfl.device.client import DeviceClient
 from hfl.device.plan import FitPlan, Phase, prox_update
 from hfl.clock.timer import SIM_TIME
 from hfl.device.state import DeviceRuntime
-from hfl.node.payload import unpack
+from hfl.rules.payload import unpack
 from hfl.rules.personal import fit_reply
 from hfl.device.training import Params, run_local_steps, to_ndarrays, to_tensors
 from strategies.bhfl import merge_down

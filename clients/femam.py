@@ -23,7 +23,7 @@ from flwr.common import NDArrays, Scalar
 
 from hfl.device.client import DeviceClient
 from hfl.device.state import DeviceRuntime
-from hfl.node.payload import unpack
+from hfl.rules.payload import unpack
 from hfl.device.training import Params, to_ndarrays, to_tensors
 from strategies.femam import parse_info
 from strategies.femam_rules import CLUSTER, GLOBAL, PERSONAL, TEAM, additive_loss, additive_output, in_prediction

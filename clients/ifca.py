@@ -13,7 +13,7 @@ from hfl.device.plan import FitPlan, Phase
 from hfl.device.client import DeviceClient
 from hfl.device.state import DeviceRuntime
 from hfl.device.training import LocalTrainer, Params, to_ndarrays, to_tensors
-from hfl.node.payload import unpack
+from hfl.rules.payload import unpack
 
 
 def best_cluster(trainer: LocalTrainer, clusters: Sequence[NDArrays], x, y) -> int:  # noqa: ANN001 - tensors

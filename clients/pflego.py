@@ -16,7 +16,7 @@ from torch.func import functional_call
 
 from hfl.device.client import DeviceClient
 from hfl.device.state import DeviceRuntime
-from hfl.node.payload import pack
+from hfl.rules.payload import pack
 from hfl.seed import derive_seed
 from hfl.device.training import Params, to_ndarrays, to_tensors
 from strategies.pflego import device_round, initial_head, split_head

@@ -26,10 +26,10 @@ import numpy as np
 from flwr.common import NDArrays, Scalar
 
 from hfl.rules.aggregate import mean_of
-from hfl.node.payload import Payload
+from hfl.rules.payload import Payload
 from hfl.tree.shape import level_of
 
-# One message to the children: its arrays and the config entries that declare them (hfl.node.payload.pack).
+# One message to the children: its arrays and the config entries that declare them (hfl.rules.payload.pack).
 Message = tuple[NDArrays, dict[str, Scalar]]
 
 
@@ -117,7 +117,7 @@ class ServerRule:
     root, evaluation rounds also call ``evaluation_message`` and ``evaluation_metrics``.
     """
 
-    reply_kind: ClassVar[str] = "model"  # what an inner node's reply is: "model" or "gradient" (hfl.node.payload)
+    reply_kind: ClassVar[str] = "model"  # what an inner node's reply is: "model" or "gradient" (hfl.rules.payload)
     # Whether inner nodes keep state between calls, or need more than their parent's payload
     # (the deployment's team runs carry neither yet: hfl.config.checks refuses such an algorithm there).
     node_state: ClassVar[bool] = False

@@ -27,7 +27,7 @@ from hfl.data import proxy_data
 from hfl.errors import ConfigError, check_number_list
 from hfl.models import build_model
 from hfl.algorithm import Message, NodeContext, Replies, ServerRule, Update, model_from_state
-from hfl.node.payload import pack
+from hfl.rules.payload import pack
 from hfl.seed import derive_seed
 from hfl.device.training import BatchSampler, LocalTrainer, run_local_steps, to_ndarrays, to_tensors
 

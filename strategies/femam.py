@@ -33,7 +33,7 @@ from hfl.algorithm import Message, NodeContext, Replies, ServerRule
 from hfl.rules.aggregate import mean_of
 from hfl.data.federation import devices_without_validation
 from hfl.errors import ConfigError
-from hfl.node.payload import pack
+from hfl.rules.payload import pack
 from hfl.rules.personal import check_keys
 from hfl.seed import derive_seed
 from strategies.femam_rules import (

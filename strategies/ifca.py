@@ -29,8 +29,8 @@ from hfl.config.schema import HierFAVGConfig
 from hfl.device.training import LocalTrainer, to_ndarrays
 from hfl.errors import ConfigError
 from hfl.models import build_model
-from hfl.node.payload import pack
 from hfl.rules.aggregate import mean_of
+from hfl.rules.payload import pack
 from hfl.rules.personal import check_keys
 from hfl.data.labels import model_classes
 from hfl.seed import derive_seed

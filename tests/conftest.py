@@ -43,7 +43,7 @@ def node_strategy(server, parent, alg: dict, *, path: str = "0", depth: int = 2)
     """An inner node's Flower strategy over ``server`` (a ServerRule class), built from its
     parent's model alone, as a call of the node would build it."""
     from hfl.algorithm import NodeContext
-    from hfl.node.payload import Payload
+    from hfl.rules.payload import Payload
     from hfl.node.strategy import NodeStrategy
 
     ctx = NodeContext({"algorithm": alg, "seed": 0}, path, depth, Payload("model", {"model": parent}), None, None)
@@ -53,7 +53,7 @@ def node_strategy(server, parent, alg: dict, *, path: str = "0", depth: int = 2)
 def root_strategy(server, initial, alg: dict, store_dir, **common):  # noqa: ANN001, ANN201
     """The root's Flower strategy over ``server``, its state in a store at ``store_dir``."""
     from hfl.algorithm import NodeContext
-    from hfl.node.payload import Payload
+    from hfl.rules.payload import Payload
     from hfl.node.root import RootStrategy
     from hfl.state.store import StateStore
 

@@ -550,7 +550,7 @@ def test_mnist_cnn_batched_equals_per_device_on_the_cpu(tmp_path, monkeypatch):
                         "eval_every=2", "algorithm.team_rounds=2", "algorithm.local_steps=3", "runtime=inprocess",
                         f"runtime.batched={mode}", "runtime.device=cpu"), runs[mode])
         assert bool(stepped) == (mode == "on")
-    assert set(stepped) == {4}  # both teams' devices in each step (hfl.accel.lockstep)
+    assert set(stepped) == {4}  # both teams' devices in each step (hfl.node.lockstep)
     assert_same_run(runs["on"], runs["off"])
 
 

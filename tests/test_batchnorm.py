@@ -22,7 +22,7 @@ from hfl.config.checks import check_model_buffers
 from hfl.device.state import DeviceRuntime
 from hfl.errors import ConfigError
 from hfl.models import CNN, MCLR, build_model
-from hfl.node.payload import pack
+from hfl.rules.payload import pack
 from hfl.runtime.simulate import run
 from hfl.state.store import StateStore
 from hfl.device.training import BatchSampler, LocalTrainer, run_local_steps, to_ndarrays, to_tensors

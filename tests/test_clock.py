@@ -13,7 +13,7 @@ import pytest
 from hfl.clock.model import Clock, read_trace
 from hfl.clock.policy import InFlight, LevelPolicy, close_round, merged_model, staleness_weight
 from hfl.errors import ConfigError
-from hfl.node.payload import npy_nbytes
+from hfl.rules.payload import npy_nbytes
 from hfl.runtime.build import check_tree, federation_for, initial_model
 from hfl.output.report import GM, curve, load_run
 from hfl.runtime.simulate import run

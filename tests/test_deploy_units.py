@@ -216,7 +216,7 @@ def test_every_target_in_one_message_per_device_equals_one_message_per_target(de
 
     from hfl.deploy.grid import GridProxy, evaluate_targets_together
     from hfl.node.inprocess import client_manager_of
-    from hfl.node.payload import LocalParameters
+    from hfl.rules.payload import LocalParameters
 
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
     cfg, fed, node, _ = device

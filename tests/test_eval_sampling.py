@@ -182,7 +182,7 @@ def test_the_hooks_a_deployment_uses_get_the_sample_alone(tmp_path):
     """A deployment's node evaluates through evaluate_targets / evaluate_many over the manager the
     engine hands them (hfl.deploy.grid): the sampled children only, the record naming them."""
     from hfl.node.inprocess import evaluate_children
-    from hfl.node.payload import pack
+    from hfl.rules.payload import pack
     from hfl.runtime.build import build_team_node, initial_model
 
     cfg = compose_cfg(*SMALL, "runtime=inprocess", "algorithm=fedavg", "topology.devices_per_team=10",

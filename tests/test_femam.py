@@ -16,7 +16,7 @@ from clients.femam import FemamClient
 from hfl.device.state import DeviceRuntime
 from hfl.errors import ConfigError
 from hfl.models import MCLR
-from hfl.node.payload import pack
+from hfl.rules.payload import pack
 from hfl.runtime.simulate import run
 from hfl.device.training import BatchSampler, LocalTrainer, to_ndarrays
 from strategies import femam_rules as rules

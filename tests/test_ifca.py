@@ -13,7 +13,7 @@ from clients.ifca import IfcaClient, best_cluster
 from hfl.algorithm import NodeContext, Replies, Update
 from hfl.config.checks import validate
 from hfl.errors import ConfigError
-from hfl.node.payload import Payload, pack
+from hfl.rules.payload import Payload, pack
 from hfl.runtime.simulate import run
 from strategies.ifca import IfcaServer, cluster_means, entries
 from tests.conftest import SMALL, compose_cfg

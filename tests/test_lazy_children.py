@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hfl.node.inprocess import ChildProxies, InProcessClientProxy, LazyClientManager, ordered_children
-from hfl.node.payload import pack
+from hfl.rules.payload import pack
 from hfl.runtime.build import build_team_node, federation_for, initial_model
 from hfl.runtime.children import DeviceCids, DeviceHolds, SubtreeHolds
 from hfl.tree.shape import Tree, from_fanout
@@ -101,7 +101,7 @@ def test_sizes_and_validation_of_a_lazy_federation_come_without_making_a_device(
 
 def test_pflego_sums_every_devices_training_samples_from_the_size_draws():
     from hfl.algorithm import NodeContext
-    from hfl.node.payload import Payload
+    from hfl.rules.payload import Payload
     from strategies.pflego import PflegoServer
 
     cfg = compose_cfg("algorithm=pflego", "dataset=synthetic", "dataset.partition=natural", "topology=tree",

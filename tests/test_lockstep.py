@@ -1,5 +1,5 @@
 """runtime.batch_siblings: the root's children fit taking turns, their batched steps merged
-(hfl.accel.lockstep, hfl.node.inprocess.LockstepServer, hfl.accel.batched.run_plan_requests)."""
+(hfl.node.lockstep, hfl.node.inprocess.LockstepServer, hfl.accel.batched.run_plan_requests)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hfl.accel.batched as batched_module
-from hfl.accel.lockstep import Lockstep, current_submit
+from hfl.node.lockstep import Lockstep, current_submit
 from tests.conftest import SMALL, compose_cfg
 from tests.test_batched import _rows, assert_same_run
 

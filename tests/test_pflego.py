@@ -21,7 +21,7 @@ from hfl.errors import ConfigError
 from hfl.models import MLP
 from hfl.data.labels import device_data, model_classes
 from hfl.runtime.build import federation_for, initial_model
-from hfl.node.payload import Payload
+from hfl.rules.payload import Payload
 from hfl.output.recorder import fit_test_metrics
 from hfl.node.root import RootStrategy
 from hfl.tree.sampling import DeviceDraw, sample_devices

@@ -15,8 +15,8 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 
 from hfl.device.state import stored_device_states
 from hfl.errors import ConfigError
+from hfl.rules.payload import LocalParameters, Payload, pack, payload_nbytes, unpack
 from hfl.runtime.build import build_node, federation_for, initial_model
-from hfl.node.payload import LocalParameters, Payload, pack, payload_nbytes, unpack
 from hfl.tree.sampling import sample_children, sample_size
 from hfl.runtime.simulate import run
 from hfl.state.store import StateStore

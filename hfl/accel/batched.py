@@ -54,10 +54,10 @@ from torch.func import functional_call, grad_and_value, vmap
 from hfl.accel.closed_forms import SCALED_STEPS, NLLTargets, closed_form, mclr_batched_loss_and_grad, nll_targets
 from hfl.device.state import DeviceRuntime
 from hfl.node.inprocess import call_fit
-from hfl.accel.lockstep import current_submit
+from hfl.node.lockstep import current_submit
 from hfl.accel.mclr_dual import DualData, dual_buckets, dual_pays, make_dual_data, run_dual_steps, size_buckets
 from hfl.models import MCLR
-from hfl.node.payload import LocalParameters, decode
+from hfl.rules.payload import LocalParameters, decode
 from hfl.device.plan import FitPlan, FitReply, Phase
 from hfl.device.training import LocalTrainer, Params, converted_once
 
@@ -534,7 +534,7 @@ def run_plans(devices: Sequence[DeviceRuntime], plans: Sequence[FitPlan | GroupP
 
 @dataclass
 class PlanRequest:
-    """A lowest node's batched fit, handed to the in-process lockstep (hfl.accel.lockstep) to run with
+    """A lowest node's batched fit, handed to the in-process lockstep (hfl.node.lockstep) to run with
     its siblings' (``run_plan_requests``)."""
 
     devices: Sequence[DeviceRuntime]
@@ -652,7 +652,7 @@ class BatchedFit:
             try:
                 devices = [c.device for _, c, _ in planned]
                 plans = [p for _, _, p in planned]
-                # in process, with the node's siblings (hfl.accel.lockstep) where merging may pay
+                # in process, with the node's siblings (hfl.node.lockstep) where merging may pay
                 submit = current_submit() if mergeable(devices, plans) else None
                 replies = submit(PlanRequest(devices, plans, self.device)) if submit is not None else \
                     run_plans(devices, plans, self.data(devices))

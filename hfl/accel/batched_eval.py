@@ -17,7 +17,7 @@ from hfl.accel.batched import DeviceClientLike, concatenated, stack
 from hfl.device.state import DeviceRuntime
 from hfl.node.inprocess import evaluate_child
 from hfl.accel.mclr_dual import size_buckets
-from hfl.node.payload import decode, payload_nbytes
+from hfl.rules.payload import decode, payload_nbytes
 from hfl.accel.grouped_cnn import cnn_batched_log_probs
 from hfl.models import CNN, MCLR
 from hfl.device.training import LocalTrainer, Params, to_tensors

@@ -1,1 +1,2 @@
-"""Simulated time: the clock's figures (hfl.clock.model) and how nodes close rounds (hfl.clock.policy)."""
+"""Simulated time: the clock's figures (hfl.clock.model), how nodes close rounds (hfl.clock.policy)
+and a child dead for one round (hfl.clock.dropped)."""

@@ -18,10 +18,10 @@ import numpy as np
 from flwr.common import Code, FitIns, FitRes, Status
 from flwr.server.client_proxy import ClientProxy
 
+from hfl.clock.dropped import DroppedProxy
 from hfl.clock.model import Clock
 from hfl.clock.policy import Closed, InFlight, LevelPolicy, close_round, merged_model
-from hfl.node.faults import DroppedProxy
-from hfl.node.payload import LocalParameters, decode, payload_nbytes
+from hfl.rules.payload import LocalParameters, decode, payload_nbytes
 from hfl.tree.sampling import sample_size, seeded_subset
 
 SIM_TIME = "sim_time"  # config entry (when the parent sent) and reply metric (when it reaches the parent)

@@ -392,7 +392,7 @@ class SimulationRuntimeConfig(RuntimeConfig):
 @dataclass
 class InProcessRuntimeConfig(RuntimeConfig):
     verbose: bool = MISSING
-    # the root's children fit taking turns, their batched device steps merged (hfl.accel.lockstep)
+    # the root's children fit taking turns, their batched device steps merged (hfl.node.lockstep)
     batch_siblings: bool = MISSING
     batched_threads: int = MISSING  # a phase's size groups stepped at once (hfl.accel.batched)
 

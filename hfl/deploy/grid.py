@@ -234,7 +234,7 @@ def evaluate_together(manager: SimpleClientManager, parameters: Any, config: dic
     """``hfl.node.inprocess.EvaluateMany`` for remote children: one exchange, every child asked.
     A child that is absent or fails is left out of the figures with a warning (a real device can
     die between rounds); the figures say how many devices are behind them."""
-    from hfl.node.payload import payload_nbytes
+    from hfl.rules.payload import payload_nbytes
 
     children = sorted(manager.all().values(), key=lambda p: p.cid)
     results = _together([(p, EvaluateIns(parameters, dict(config))) for p in children], compat.evaluateins_to_recorddict,
@@ -259,7 +259,7 @@ def evaluate_targets_together(manager: SimpleClientManager, asks: list[tuple[Any
     """``hfl.node.client.EvaluateTargets`` for remote devices: every target model in one message per
     device (``targets``: per target its array count and config; hfl.deploy.device answers each), so
     an evaluation starts one ClientApp process per device, not one per device and target."""
-    from hfl.node.payload import decode, payload_nbytes
+    from hfl.rules.payload import decode, payload_nbytes
 
     children = sorted(manager.all().values(), key=lambda p: p.cid)
     arrays: list = []

@@ -27,7 +27,7 @@ from hfl.node.evaluation import DeviceScore, add_reports, evaluation_result, tar
 from hfl.node.faults import drop
 from hfl.node.inprocess import (EvaluateMany, FitMany, client_manager_of, evaluate_children, fit_one_by_one,
                                 ordered_children, run_fit_rounds)
-from hfl.node.payload import LocalParameters, Payload, decode, npy_nbytes, pack, unpack
+from hfl.rules.payload import LocalParameters, Payload, decode, npy_nbytes, pack, unpack
 from hfl.tree.sampling import evaluation_sample, parse_devices, sample_children
 from hfl.node.strategy import NodeStrategy
 from hfl.state.store import StateStore

@@ -8,10 +8,10 @@ The draw depends only on those keys, not on what ran before (reproducible, resum
 in-process and on Ray), and the count is exact, so ``algorithm.min_fit_fraction <= 1 - fraction``
 always leaves a node enough updates.
 
-A dropped child is not told anything: the node calls it through ``DroppedProxy``, whose ``fit``
-raises ``SimulatedFault``, so the ordinary failure paths run (hfl.node.inprocess.run_fit_rounds and
-Flower's server loop count a raising child as a failure; the strategies' ``min_fit_fraction``
-decides whether the round still aggregates). Evaluation is never dropped: every device is tested
+A dropped child is not told anything: the node calls it through ``DroppedProxy``
+(hfl.clock.dropped), whose ``fit`` raises ``SimulatedFault``, so the ordinary failure paths run
+(hfl.node.inprocess.run_fit_rounds and Flower's server loop count a raising child as a failure;
+the strategies' ``min_fit_fraction`` decides whether the round still aggregates). Evaluation is never dropped: every device is tested
 every evaluated round, so accuracies stay comparable with a run without faults.
 """
 
@@ -21,27 +21,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from flwr.common import (
-    DisconnectRes,
-    EvaluateIns,
-    EvaluateRes,
-    FitIns,
-    FitRes,
-    GetParametersIns,
-    GetParametersRes,
-    GetPropertiesIns,
-    GetPropertiesRes,
-    ReconnectIns,
-)
 from flwr.server.client_proxy import ClientProxy
 
+from hfl.clock.dropped import DroppedProxy
 from hfl.seed import rng
 
 KEYS = ("dropout", "dropout_nodes")  # runtime.<key>: devices, inner nodes
-
-
-class SimulatedFault(ConnectionError):
-    """A child that ``runtime.dropout`` / ``runtime.dropout_nodes`` failed for one round."""
 
 
 def dropout_fractions(runtime: Mapping) -> tuple[float, float]:
@@ -65,31 +50,6 @@ def dropped_children(cids: Sequence[str], fraction: float, seed: int, path: str,
     scores = {cid: rng(seed, "dropout", path or "root", round_path, cid).random() for cid in cids}
     failed = set(sorted(cids, key=lambda cid: (scores[cid], cid))[:k])
     return [cid for cid in cids if cid in failed]
-
-
-class DroppedProxy(ClientProxy):
-    """A child that is dead for one round: ``fit`` raises ``SimulatedFault``; everything else
-    (evaluation, properties) goes to the real child."""
-
-    def __init__(self, proxy: ClientProxy, reason: str) -> None:
-        super().__init__(proxy.cid)
-        self.proxy = proxy
-        self.reason = reason
-
-    def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
-        raise SimulatedFault(self.reason)
-
-    def get_properties(self, ins: GetPropertiesIns, timeout: float | None, group_id: int | None) -> GetPropertiesRes:
-        return self.proxy.get_properties(ins, timeout, group_id)
-
-    def get_parameters(self, ins: GetParametersIns, timeout: float | None, group_id: int | None) -> GetParametersRes:
-        return self.proxy.get_parameters(ins, timeout, group_id)
-
-    def evaluate(self, ins: EvaluateIns, timeout: float | None, group_id: int | None) -> EvaluateRes:
-        return self.proxy.evaluate(ins, timeout, group_id)
-
-    def reconnect(self, ins: ReconnectIns, timeout: float | None, group_id: int | None) -> DisconnectRes:
-        return self.proxy.reconnect(ins, timeout, group_id)
 
 
 def drop(asked: list[ClientProxy], ids: Sequence[str], fraction: float, seed: int, path: str,

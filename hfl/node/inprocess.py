@@ -34,10 +34,10 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from hfl.clock.dropped import SimulatedFault
 from hfl.errors import first_failure
-from hfl.node.faults import SimulatedFault
-from hfl.accel.lockstep import Execute, Lockstep
-from hfl.node.payload import decode, payload_nbytes
+from hfl.node.lockstep import Execute, Lockstep
+from hfl.rules.payload import decode, payload_nbytes
 
 if TYPE_CHECKING:
     from hfl.clock.timer import NodeTimer, RoundTiming
@@ -226,7 +226,7 @@ def fit_together(group_id: int | None = None, timeout: float | None = None) -> F
 
 
 def fit_in_lockstep(execute: Execute, group_id: int | None = None, timeout: float | None = None) -> FitMany:
-    """The children as the parties of a ``Lockstep`` (hfl.accel.lockstep): their fits take turns,
+    """The children as the parties of a ``Lockstep`` (hfl.node.lockstep): their fits take turns,
     and the batched steps they reach are merged by ``execute`` (hfl.accel.batched.run_plan_requests)."""
 
     def fit_many(calls: list[tuple[ClientProxy, FitIns]]) -> list[FitRes | BaseException]:

@@ -38,7 +38,7 @@ from hfl.errors import ConfigError, first_failure
 from hfl.node.client import EVAL_SAMPLES, node_key
 from hfl.node.evaluation import pool_evaluations
 from hfl.node.faults import Dropout
-from hfl.node.payload import payload_nbytes
+from hfl.rules.payload import payload_nbytes
 from hfl.node.strategy import accept_results, node_order, usable_needed
 from hfl.state.store import StateStore
 from hfl.tree.sampling import DeviceDraw, EvaluationDraw

@@ -17,7 +17,7 @@ from flwr.server.strategy import Strategy
 
 from hfl.rules.aggregate import all_finite, update_problem
 from hfl.algorithm import Replies, ServerRule, Update
-from hfl.node.payload import LocalParameters, Payload, decode, unpack
+from hfl.rules.payload import LocalParameters, Payload, decode, unpack
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class NodeStrategy(Strategy):
         self.current = rule.start()
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        # Kept as arrays, encoded only if sent out of the process (hfl.node.payload.LocalParameters).
+        # Kept as arrays, encoded only if sent out of the process (hfl.rules.payload.LocalParameters).
         return LocalParameters(self.current)
 
     def configure_fit(

@@ -27,7 +27,7 @@ from hfl.config.checks import load_server
 from hfl.config.compose import context_config
 from hfl.node.faults import Dropout, dropout_fractions
 from hfl.runtime.build import build_team_node, eval_fraction, evaluation_sampled, federation_for, initial_model
-from hfl.node.payload import Payload
+from hfl.rules.payload import Payload
 from hfl.runtime.polling import PolledServerApp
 from hfl.output import tracking
 from hfl.output.recorder import Recorder

@@ -39,7 +39,7 @@ from hfl.node.inprocess import (
     fit_one_by_one,
 )
 from hfl.models import build_model
-from hfl.node.payload import Payload
+from hfl.rules.payload import Payload
 from hfl.seed import derive_seed
 from hfl.state.store import StateStore
 from hfl.tree.shape import Tree, child_path, level_of
