@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from flwr.server.client_manager import SimpleClientManager
 from flwr.common import GetPropertiesIns, GetPropertiesRes, ndarrays_to_parameters
 from torch.func import functional_call
 
@@ -161,13 +162,19 @@ def test_root_calls_only_the_subtrees_holding_a_drawn_device(tmp_path):
                             device_sampling=DeviceDraw(12, 0.25, 0, {"0": frozenset(range(4)), "1": frozenset(range(4, 8)),
                                                                      "2": frozenset(range(8, 12))}))
     proxies = [_Proxy("77", "2"), _Proxy("12", "0"), _Proxy("5", "1")]
+    manager = SimpleClientManager()
+    for proxy in proxies:
+        manager.register(proxy)
     seen_skip = False
     for rnd in range(1, 6):
         strategy._round = {}
-        asked, extra = strategy._fit_targets(rnd, proxies)
+        children = strategy._level1(manager, rnd)  # by path, in tree order
+        assert [c.cid for c in children] == ["0", "1", "2"] and [c.proxy.path for c in children] == ["0", "1", "2"]
+        drawn_set, extra = strategy._draw(rnd)
+        asked = strategy._asked(children, drawn_set, rnd)
         drawn = sample_devices(12, 0.25, 0, rnd)
         assert extra == {"devices": ",".join(map(str, drawn))}
-        assert {p.path for p in asked} == {str(d // 4) for d in drawn}
+        assert {p.proxy.path for p in asked} == {str(d // 4) for d in drawn}
         seen_skip |= len(asked) < 3
     assert seen_skip  # some round left a subtree out
     assert all(p.asked == 1 for p in proxies)  # paths asked once, then cached

@@ -24,11 +24,11 @@ from hfl.clock.model import Clock
 from hfl.clock.policy import LevelPolicy
 from hfl.clock.timer import SIM_TIME, NodeTimer, without_clock
 from hfl.node.evaluation import DeviceScore, add_reports, evaluation_result, target_report
-from hfl.node.faults import drop
+from hfl.node.cohort import evaluation_cohort, fit_cohort
 from hfl.node.inprocess import (EvaluateMany, FitMany, client_manager_of, evaluate_children, fit_one_by_one,
                                 ordered_children, run_fit_rounds)
 from hfl.rules.payload import LocalParameters, Payload, decode, npy_nbytes, pack, unpack
-from hfl.tree.sampling import evaluation_sample, parse_devices, sample_children
+from hfl.tree.sampling import parse_devices
 from hfl.node.strategy import NodeStrategy
 from hfl.state.store import StateStore
 from hfl.tree.shape import level_of
@@ -154,24 +154,6 @@ class NodeClient(NumPyClient):
         self.persist_after_evaluation = persist_after_evaluation  # ServerRule.devices_change_when_tested
         self.at_time = at_time  # tells a lowest node's devices the simulated time (their data may drift: hfl.clock.shift)
 
-    def _asked_children(self, children: list, config: dict[str, Scalar], round_path: str, server_round: int) -> list:
-        """The children a round asks: those holding a device the root drew (sampling=devices),
-        else a seeded sample of ``spec.sample_fraction`` of them."""
-        spec = self.spec
-        if spec.device_sampling:
-            if "devices" not in config:
-                raise RuntimeError(f"node {spec.path!r}: algorithm.sampling=devices but the parent sent no device list")
-            drawn = parse_devices(str(config["devices"]))
-            holding = getattr(self.holds, "holding", None)  # a lowest node's lazy holds (hfl.runtime.children)
-            if holding is not None and hasattr(children, "get"):
-                asked = [children.get(cid) for cid in holding(drawn)]  # no proxy made for the others
-            else:
-                asked = [c for c in children if self.holds.get(c.cid, frozenset()) & drawn]
-            if not asked:
-                raise RuntimeError(f"node {spec.path!r} was called but holds none of the drawn devices")
-            return asked
-        return sample_children(children, spec.sample_fraction, spec.seed, spec.path, f"{round_path}.{server_round}")
-
     def _evaluated_children(self, config: dict[str, Scalar]) -> tuple[SimpleClientManager, list[dict]]:
         """The children this evaluation asks (all, or a seeded ``spec.eval_fraction`` of them, by
         cid: a child's path or a device's id, the same in every runtime) and, where it samples, the
@@ -181,8 +163,8 @@ class NodeClient(NumPyClient):
         if spec.eval_fraction >= 1:
             return self.children, []
         global_round = int(config.get("global_round", 0))
-        children = ordered_children(self.children)
-        asked = evaluation_sample(children, spec.eval_fraction, spec.seed, spec.path, global_round)
+        asked = evaluation_cohort(ordered_children(self.children), path=spec.path, seed=spec.seed,
+                                  fraction=spec.eval_fraction, global_round=global_round)
         record = {"node": spec.path, "round": str(global_round), "evaluated": [p.cid for p in asked]}
         return client_manager_of(asked), [record]
 
@@ -209,15 +191,17 @@ class NodeClient(NumPyClient):
         strategy = NodeStrategy(rule, self.min_fit_fraction)
 
         dropped: list[list[str]] = []  # per round, the children a simulated fault failed
+        drawn = None
+        if spec.device_sampling:  # the devices the root drew for this global round
+            if "devices" not in config:
+                raise RuntimeError(f"node {spec.path!r}: algorithm.sampling=devices but the parent sent no device list")
+            drawn = parse_devices(str(config["devices"]))
 
         def sample(server_round: int, children: list) -> list:
-            if timer is not None and not spec.device_sampling:  # the idle (and online) children
-                asked = timer.pick(children, spec.sample_fraction, f"{round_path}.{server_round}")
-            else:
-                asked = self._asked_children(children, config, round_path, server_round)
+            asked, failed = fit_cohort(children, path=spec.path, seed=spec.seed, fraction=spec.sample_fraction,
+                                       key=f"{round_path}.{server_round}", timer=timer, drawn=drawn, holds=self.holds,
+                                       dropout=spec.dropout)
             if spec.dropout > 0:
-                asked, failed = drop(asked, [c.cid for c in asked], spec.dropout, spec.seed, spec.path,
-                                     f"{round_path}.{server_round}")
                 dropped.append(failed)
             return asked
 

@@ -33,7 +33,8 @@ from hfl.clock.model import Clock
 from hfl.clock.policy import LevelPolicy
 from hfl.clock.timer import PREFIX as CLOCK_PREFIX
 from hfl.clock.timer import SIM_TIME, NodeTimer, without_clock
-from hfl.node.inprocess import FitMany, call_fit, fit_together, run_fit_rounds
+from hfl.node.cohort import evaluation_cohort, fit_cohort
+from hfl.node.inprocess import FitMany, call_fit, client_manager_of, fit_together, run_fit_rounds
 from hfl.errors import ConfigError, first_failure
 from hfl.node.client import EVAL_SAMPLES, node_key
 from hfl.node.evaluation import pool_evaluations
@@ -46,6 +47,31 @@ from hfl.tree.sampling import DeviceDraw, EvaluationDraw
 log = logging.getLogger(__name__)
 ROOT_KEY = node_key("")  # "node-root": the store key of the node at path ""
 MERGES = f"{CLOCK_PREFIX}merges"  # the root's stored count of merged and empty rounds per level
+
+
+class PathProxy(ClientProxy):
+    """A level-1 node known by its path in the tree (its cid), whatever Flower's node id: the root's
+    children are named as every node's are, so who is asked, dropped, in flight (hfl.clock) and
+    stored is the same in every runtime and after a restart."""
+
+    def __init__(self, path: str, proxy: ClientProxy) -> None:
+        super().__init__(path)
+        self.proxy = proxy
+
+    def get_properties(self, ins, timeout, group_id):  # noqa: ANN001, ANN201
+        return self.proxy.get_properties(ins, timeout, group_id)
+
+    def get_parameters(self, ins, timeout, group_id):  # noqa: ANN001, ANN201
+        return self.proxy.get_parameters(ins, timeout, group_id)
+
+    def fit(self, ins, timeout, group_id):  # noqa: ANN001, ANN201
+        return self.proxy.fit(ins, timeout, group_id)
+
+    def evaluate(self, ins, timeout, group_id):  # noqa: ANN001, ANN201
+        return self.proxy.evaluate(ins, timeout, group_id)
+
+    def reconnect(self, ins, timeout, group_id):  # noqa: ANN001, ANN201
+        return self.proxy.reconnect(ins, timeout, group_id)
 
 
 class RootStrategy(Strategy):
@@ -91,6 +117,7 @@ class RootStrategy(Strategy):
         self.dropout = dropout  # runtime.dropout_nodes of the level-1 nodes (hfl.node.faults)
         self.evaluation = evaluation  # sampled evaluation (eval_fraction); None: every device is tested
         self._paths: dict[str, str] = {}  # level-1 node cid -> its path (asked once)
+        self._named: dict[str, PathProxy] = {}  # level-1 node cid -> the proxy naming it by its path
         self._round: dict[str, float] = {}
 
     def _restore(self) -> None:
@@ -131,18 +158,12 @@ class RootStrategy(Strategy):
                        "bytes_down_team": 0, "bytes_up_team": 0, "compute_seconds": 0.0, "failures": 0}
         self._restore()
         self.store.round = server_round  # the root's state is a version of this round (hfl.state.store)
-        teams = [p for _, p in sorted((int(self._path_of(p, server_round)), p)
-                                      for p in self._teams(client_manager))]  # tree order, not Flower's ids
-        teams, extra = self._fit_targets(server_round, teams)
+        children = self._level1(client_manager, server_round)
+        drawn, extra = self._draw(server_round)
 
-        def cohort(_: int, __: object) -> list[ClientProxy]:
-            asked = teams
-            if self.timer is not None:  # the idle level-1 nodes (all of them under sync)
-                asked = self.timer.pick(asked, 1.0, str(server_round))
-            return self._drop_nodes(server_round, asked)
-
-        _, report = run_fit_rounds(self, client_manager, 1, cohort, "", extra or None, fit_many, self.timer,
-                                   first_round=server_round, on_reply=self._count_reply)
+        _, report = run_fit_rounds(self, client_manager_of(children), 1,
+                                   lambda _, __: self._asked(children, drawn, server_round), "", extra or None,
+                                   fit_many, self.timer, first_round=server_round, on_reply=self._count_reply)
         self._round["bytes_down_global"] += report.bytes_down
         self._round["bytes_up_global"] += report.bytes_up
         rejected = int(report.metrics[-1].get("rejected", 0)) if report.merged_rounds else 0
@@ -162,8 +183,7 @@ class RootStrategy(Strategy):
         self.current = self.rule.prepare(server_round, self.current)
         arrays, meta = self.rule.fit_message(server_round, self.current)
         ins = FitIns(ndarrays_to_parameters(arrays), {**meta, "global_round": server_round})
-        return [(proxy, ins) for proxy in sorted(client_manager.all().values(),
-                                                 key=lambda p: int(self._path_of(p, server_round)))]
+        return [(proxy, ins) for proxy in sorted(client_manager.all().values(), key=lambda p: int(p.cid))]
 
     def merge_reference(self) -> NDArrays:
         """What a stale level-1 reply is merged against (hfl.clock): the root's model after ``prepare``."""
@@ -179,30 +199,42 @@ class RootStrategy(Strategy):
             self._paths[proxy.cid] = str(props.properties["path"])
         return self._paths[proxy.cid]
 
-    def _fit_targets(self, server_round: int, teams: list[ClientProxy]) -> tuple[list[ClientProxy], dict[str, Scalar]]:
-        """Every level-1 node, or with ``sampling=devices`` those holding a device drawn for the
-        round (a subtree without one is not called), and the config entry naming the devices."""
-        if self.device_sampling is None:
-            return teams, {}
-        drawn = self.device_sampling.draw(server_round)
-        wanted = set(drawn)
-        asked = [p for p in teams if self.device_sampling.holds[self._path_of(p, server_round)] & wanted]
-        record = [{"node": "root", "round": str(server_round), "devices": drawn}]
-        self._round.setdefault("samples", []).append(json.dumps(record))
-        return asked, {"devices": ",".join(map(str, drawn))}
+    def _level1(self, client_manager: ClientManager, server_round: int) -> list[ClientProxy]:
+        """The level-1 nodes in tree order, each known by its path (``PathProxy``): Flower's node ids
+        say nothing of the tree, so the root's children are named as every node's are."""
+        out = []
+        for proxy in self._teams(client_manager):
+            named = self._named.get(proxy.cid)
+            if named is None or named.proxy is not proxy:
+                named = self._named[proxy.cid] = PathProxy(self._path_of(proxy, server_round), proxy)
+            out.append(named)
+        return sorted(out, key=lambda p: int(p.cid))
 
-    def _drop_nodes(self, server_round: int, teams: list[ClientProxy]) -> list[ClientProxy]:
-        """``runtime.dropout_nodes``: the level-1 nodes (whole subtrees) that fail this round are
-        called through a proxy whose fit raises (hfl.node.faults), so they count as failures; recorded
-        in samples.jsonl."""
-        if self.dropout is None:
-            return teams
-        by_path = sorted((int(self._path_of(p, server_round)), p) for p in teams)  # tree order, not Flower's ids
-        paths, teams = [str(path) for path, _ in by_path], [p for _, p in by_path]
-        teams, dropped = self.dropout.apply(teams, paths, "", str(server_round))
-        record = [{"node": "root", "round": str(server_round), "asked": paths, "dropped": dropped}]
+    def _draw(self, server_round: int) -> tuple[frozenset[int] | None, dict[str, Scalar]]:
+        """With ``sampling=devices``, the devices drawn for the round (recorded) and the config entry
+        naming them, which every node below reads."""
+        if self.device_sampling is None:
+            return None, {}
+        drawn = self.device_sampling.draw(server_round)
+        self._record({"devices": drawn}, server_round)
+        return frozenset(drawn), {"devices": ",".join(map(str, drawn))}
+
+    def _asked(self, children: list[ClientProxy], drawn: frozenset[int] | None, server_round: int) -> list[ClientProxy]:
+        """Who the round asks, as every node decides it (hfl.node.cohort): those holding a drawn
+        device, the idle ones under a clock, less those a simulated fault fails (recorded)."""
+        asked, failed = fit_cohort(
+            children, path="", seed=self.dropout.seed if self.dropout else self.seed, fraction=1.0,
+            key=str(server_round), timer=self.timer, drawn=drawn,
+            holds=self.device_sampling.holds if self.device_sampling else None,
+            dropout=self.dropout.fraction if self.dropout else 0.0)
+        if self.dropout is not None:  # recorded in samples.jsonl
+            self._record({"asked": [c.cid for c in asked], "dropped": failed}, server_round)
+        return asked
+
+    def _record(self, entry: dict, server_round: int) -> None:
+        """One of the root's own rows of samples.jsonl."""
+        record = [{"node": "root", "round": str(server_round), **entry}]
         self._round.setdefault("samples", []).append(json.dumps(record))
-        return teams
 
     def _count_team_report(self, metrics: Mapping[str, Scalar]) -> None:
         """Add a level-1 node's subtree counters (bytes per edge level, seconds) to the round's."""
@@ -271,7 +303,7 @@ class RootStrategy(Strategy):
         if server_round % self.eval_every and server_round != self.num_rounds:
             self._finish(server_round, None)
             return []
-        teams = self._evaluated_teams(server_round, self._teams(client_manager))
+        teams = self._evaluated_teams(server_round, self._level1(client_manager, server_round))
         arrays, meta = self.rule.evaluation_message(self.current)
         parameters = ndarrays_to_parameters(arrays)
         self._round["bytes_down_global"] += payload_nbytes(parameters) * len(teams)
@@ -280,15 +312,14 @@ class RootStrategy(Strategy):
         return [(proxy, ins) for proxy in teams]
 
     def _evaluated_teams(self, server_round: int, teams: list[ClientProxy]) -> list[ClientProxy]:
-        """The level-1 nodes this evaluation asks: all, or a seeded sample of them in tree order
-        (Flower's node ids say nothing of the tree), recorded in samples.jsonl."""
+        """The level-1 nodes this evaluation asks: all, or a seeded sample of them in tree order, as
+        every node samples its children (hfl.node.cohort), recorded in samples.jsonl."""
         if self.evaluation is None or self.evaluation.fraction >= 1:
             return teams
-        by_path = sorted((int(self._path_of(p, server_round)), p) for p in teams)
-        asked = self.evaluation.sample(by_path, server_round)
-        record = [{"node": "root", "round": str(server_round), "evaluated": [str(path) for path, _ in asked]}]
-        self._round.setdefault("samples", []).append(json.dumps(record))
-        return [p for _, p in asked]
+        asked = evaluation_cohort(teams, path="", seed=self.evaluation.seed, fraction=self.evaluation.fraction,
+                                  global_round=server_round)
+        self._record({"evaluated": [p.cid for p in asked]}, server_round)
+        return asked
 
     def aggregate_evaluate(self, server_round, results, failures):  # noqa: ANN001
         if not results:
