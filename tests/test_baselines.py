@@ -189,9 +189,9 @@ def test_flat_pfedme_two_tiers_equal_one_weighted_mean_over_all_devices(tmp_path
         results = [(Proxy(str(i)), _fit_res(v, n, device_id=i)) for i, (v, n) in enumerate(team)]
         params, _ = strategy.aggregate_fit(1, results, [])
         team_models.append((parameters_to_ndarrays(params)[0][0], sum(n for _, n in team)))
-    server = root_strategy(PFedMeServer, x, alg, tmp_path, num_teams=2, num_rounds=1)
+    server = root_strategy(PFedMeServer, x, alg, tmp_path, num_children=2, num_rounds=1)
     server._round = dict.fromkeys(("failures", "bytes_up_global", "bytes_down_team", "bytes_up_team", "compute_seconds"), 0)
-    results = [(Proxy(f"t{t}"), _fit_res(v, n, team_id=t)) for t, (v, n) in enumerate(team_models)]
+    results = [(Proxy(f"t{t}"), _fit_res(v, n, level1_index=t)) for t, (v, n) in enumerate(team_models)]
     got = parameters_to_ndarrays(server.aggregate_fit(1, results, [])[0])[0]
     flat = (10 * 1.0 + 30 * 4.0 + 60 * 10.0) / 100  # 7.3
     np.testing.assert_allclose(got, [0.5 * 2.0 + 0.5 * flat], rtol=1e-6)  # x <- (1-beta) x + beta mean
@@ -234,9 +234,9 @@ def test_l2gd_device_pulls_toward_the_global_model_in_round_one_and_the_team_aft
     dev = device([[0.0]], personal=[torch.tensor([2.0])])
     client = L2GDClient(dev)
     config = {"global_pull": 0.5, "team_pull": 0.25, "local_lr": 0.1, "local_steps": 1}
-    fit(client, [[10.0]], team_round=1, **config)  # (2 + 10)/2 = 6, then 6 - 0.6 = 5.4
+    fit(client, [[10.0]], node_round=1, **config)  # (2 + 10)/2 = 6, then 6 - 0.6 = 5.4
     close(dev.personal, [[5.4]])
-    fit(client, [[1.4]], team_round=2, **config)  # 0.75*5.4 + 0.25*1.4 = 4.4, then 4.4 - 0.44 = 3.96
+    fit(client, [[1.4]], node_round=2, **config)  # 0.75*5.4 + 0.25*1.4 = 4.4, then 4.4 - 0.44 = 3.96
     close(dev.personal, [[3.96]])
 
 
@@ -317,7 +317,7 @@ def test_pfedbayes_global_model_carries_means_and_rhos(tmp_path):
     assert [a.shape for a in model] == [(1, 2), (1,), (1, 2), (1,)]
     np.testing.assert_array_equal(model[2], [[-3.0, -3.0]])
     strategy = root_strategy(PFedBayesServer, initial, {"rho_offset": -3.0, "beta": 1.0, "weighted": True}, tmp_path,
-                             num_teams=1, num_rounds=1)
+                             num_children=1, num_rounds=1)
     assert len(strategy.current) == 4
     np.testing.assert_array_equal(strategy.current[2], [[-3.0, -3.0]])
 

@@ -251,7 +251,7 @@ def test_short_resnet9_runs_train_and_average_the_running_statistics(tmp_path, a
 
 @pytest.mark.parametrize("algorithm", ["pfedme", "perfedavg"])
 def test_run_refuses_resnet9_before_training_for_algorithms_without_buffers(tmp_path, algorithm):
-    """The refusal reaches hfl.runtime.simulate.run before any round (not a round-1 'no team model')."""
+    """The refusal reaches hfl.runtime.simulate.run before any round (not a round-1 'no level-1 model')."""
     fake_cifar10(tmp_path / "data")
     cfg = compose_cfg(*tiny_image_run(tmp_path / "data", f"algorithm={algorithm}"))
     with pytest.raises(ConfigError, match=r"model\.name"):

@@ -392,7 +392,7 @@ def test_submit_resumes_a_run_lost_with_its_serverapp_but_not_one_that_failed_by
     from hfl.deploy.submit import LOST, retriable, see_through
 
     assert retriable(LOST, "") and retriable("finished:failed", "Task failed because the run expired")
-    assert not retriable("finished:failed", "ServerApp failed with exception: global round 2: no team model")
+    assert not retriable("finished:failed", "ServerApp failed with exception: global round 2: no level-1 model")
     assert not retriable("finished:completed", "") and not retriable("finished:stopped", "")
     # The global SuperLink goes away (the CLI cannot reach it), comes back, and the run it had
     # expired with its ServerApp: submitted again with resume=true (an old resume= dropped), completed.

@@ -183,7 +183,7 @@ def test_the_hooks_a_deployment_uses_get_the_sample_alone(tmp_path):
     engine hands them (hfl.deploy.grid): the sampled children only, the record naming them."""
     from hfl.node.inprocess import evaluate_children
     from hfl.rules.payload import pack
-    from hfl.runtime.build import build_team_node, initial_model
+    from hfl.runtime.build import build_level1_node, initial_model
 
     cfg = compose_cfg(*SMALL, "runtime=inprocess", "algorithm=fedavg", "topology.devices_per_team=10",
                       "eval_fraction=0.3")
@@ -194,7 +194,7 @@ def test_the_hooks_a_deployment_uses_get_the_sample_alone(tmp_path):
         asked.append(sorted(manager.all()))
         return [evaluate_children(manager, sent, ask) for sent, ask in asks]
 
-    node = build_team_node(cfg, 1, tmp_path)
+    node = build_level1_node(cfg, 1, tmp_path)
     node.evaluate_targets = targets
     arrays, meta = pack("parts", {"gm": initial_model(cfg, federation_for(cfg))})
     _, _, metrics = node.evaluate(arrays, {**meta, "global_round": 4})

@@ -61,7 +61,7 @@ def test_a_run_survives_30_percent_device_loss_with_min_fit_fraction_0_7(algorit
 
 def test_the_same_dropout_with_min_fit_fraction_1_stops_the_run_naming_it(tmp_path):
     cfg = compose_cfg(*SMALL, *TEAMS_3x10, "algorithm=fedavg", "algorithm.min_fit_fraction=1.0")
-    with pytest.raises(RuntimeError, match=r"global round 1: no team model.*node \d: round 1\.1: .*3 failures; "
+    with pytest.raises(RuntimeError, match=r"global round 1: no level-1 model.*node \d: round 1\.1: .*3 failures; "
                                            r"10 usable updates needed \(algorithm.min_fit_fraction\)"):
         run(cfg, tmp_path)
 

@@ -21,7 +21,7 @@ from hfl.device.training import BatchSampler, LocalTrainer, to_ndarrays, to_tens
 from tests.conftest import compose_cfg
 
 FIT = {"alpha": 0.05, "local_steps": 3, "fit_test": False, "finetune_epochs": 2, "finetune_lr": 0.5,
-       "team_round": 1, "round_path": "3.1"}
+       "node_round": 1, "round_path": "3.1"}
 
 
 def tiny_device(seed: int = 0) -> DeviceRuntime:

@@ -8,7 +8,7 @@ import pytest
 
 from hfl.node.inprocess import ChildProxies, InProcessClientProxy, LazyClientManager, ordered_children
 from hfl.rules.payload import pack
-from hfl.runtime.build import build_team_node, federation_for, initial_model
+from hfl.runtime.build import build_level1_node, federation_for, initial_model
 from hfl.runtime.children import DeviceCids, DeviceHolds, SubtreeHolds
 from hfl.tree.shape import Tree, from_fanout
 from tests.conftest import compose_cfg
@@ -72,11 +72,11 @@ def test_a_sampled_node_of_1000_devices_makes_the_proxies_and_devices_it_asks(tm
     cfg["runtime"]["state_dir"] = str(tmp_path / "state")
     fed = federation_for(cfg)
     made_before = fed.devices.made
-    node = build_team_node(cfg, 0, cfg["runtime"]["state_dir"])
+    node = build_level1_node(cfg, 0, cfg["runtime"]["state_dir"])
     node.fit(initial_model(cfg, fed), {"global_round": 1, "round_path": "1"})
     assert len(node.children.children._made) == 10  # ceil(0.01 x 1000) proxies, not 1,000
     assert fed.devices.made - made_before == 10
-    node = build_team_node(cfg, 0, cfg["runtime"]["state_dir"])
+    node = build_level1_node(cfg, 0, cfg["runtime"]["state_dir"])
     arrays, meta = pack("parts", {"gm": initial_model(cfg, fed)})
     _, n, metrics = node.evaluate(arrays, {**meta, "global_round": 1})
     assert len(node.children.children._made) == 5  # ceil(0.005 x 1000) tested

@@ -158,7 +158,7 @@ def test_root_calls_only_the_subtrees_holding_a_drawn_device(tmp_path):
     fed = federation_for(cfg)
     initial = Payload("model", {"model": initial_model(cfg, fed)})
     strategy = RootStrategy(lambda state: pflego.SERVER(NodeContext(cfg, "", 2, initial, state, fed)),
-                            StateStore(tmp_path), num_teams=3, num_rounds=5,
+                            StateStore(tmp_path), num_children=3, num_rounds=5,
                             device_sampling=DeviceDraw(12, 0.25, 0, {"0": frozenset(range(4)), "1": frozenset(range(4, 8)),
                                                                      "2": frozenset(range(8, 12))}))
     proxies = [_Proxy("77", "2"), _Proxy("12", "0"), _Proxy("5", "1")]

@@ -27,7 +27,7 @@ TIMING = ("seconds", "compute_seconds")  # wall clock: the only fields allowed t
 TOLERANCE = 1e-6
 # 2 teams x 3 devices of synthetic data, 3 global rounds, each evaluated; one CPU per team actor.
 CLUSTER_RUN = [*SMALL, "runtime=simulation", "runtime.num_cpus_per_team=1", "eval_every=1"]
-HOLD = 0.5  # seconds a team's fit keeps its actor on the cluster (see _team_client_telling_its_ray_node)
+HOLD = 0.5  # seconds a team's fit keeps its actor on the cluster (see _level1_client_telling_its_ray_node)
 
 
 # ---------------------------------------------------------------- helpers
@@ -108,8 +108,8 @@ def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def _team_client_telling_its_ray_node(cfg: dict, context):  # noqa: ANN001, ANN202
-    """hfl's team client (hfl.runtime.apps.team_client), its fit replies also naming the Ray node the
+def _level1_client_telling_its_ray_node(cfg: dict, context):  # noqa: ANN001, ANN202
+    """hfl's level-1 client (hfl.runtime.apps.level1_client), its fit replies also naming the Ray node the
     actor runs on. Runs in the actors: pickled by reference, imported there from this module.
     Each fit holds its actor for HOLD seconds more (timing only; the results are unchanged):
     Flower's simulation picks up messages every 0.1 s, so the round's other team, however late
@@ -118,9 +118,9 @@ def _team_client_telling_its_ray_node(cfg: dict, context):  # noqa: ANN001, ANN2
 
     import ray
 
-    from hfl.runtime.apps import team_client
+    from hfl.runtime.apps import level1_client
 
-    client = team_client(cfg, context)
+    client = level1_client(cfg, context)
     fit = client.fit
 
     def fit_telling_its_node(ins):  # noqa: ANN001, ANN202
@@ -144,7 +144,7 @@ def test_two_node_ray_cluster_equals_a_fresh_single_node_instance(ray_cluster, t
     aggregate_fit = RootStrategy.aggregate_fit
 
     def recording(self, server_round, results, failures):  # noqa: ANN001, ANN202
-        ran_on[server_round] = {int(res.metrics["team_id"]): str(res.metrics["ray_node"]) for _, res in results}
+        ran_on[server_round] = {int(res.metrics["level1_index"]): str(res.metrics["ray_node"]) for _, res in results}
         return aggregate_fit(self, server_round, results, failures)
 
     shared = tmp_path / "shared-state"  # stands for the directory every Ray node mounts
@@ -152,7 +152,7 @@ def test_two_node_ray_cluster_equals_a_fresh_single_node_instance(ray_cluster, t
     with monkeypatch.context() as patch:
         patch.setattr(RootStrategy, "aggregate_fit", recording)
         patch.setattr(hfl.runtime.simulate, "make_client_app",
-                      lambda cfg: ClientApp(client_fn=functools.partial(_team_client_telling_its_ray_node, cfg)))
+                      lambda cfg: ClientApp(client_fn=functools.partial(_level1_client_telling_its_ray_node, cfg)))
         with caplog.at_level(logging.WARNING, logger="hfl"):
             on_cluster = run(cfg, tmp_path / "cluster")
     assert not [r for r in caplog.records if "runtime.state_dir is null" in r.getMessage()]

@@ -17,7 +17,7 @@ from hfl.runtime.apps import build_global_strategy
 from hfl.data import build_federation, federation, synthetic
 from hfl.device.state import stored_device_states
 from hfl.errors import ConfigError
-from hfl.runtime.build import build_node, build_team_node, check_tree, federation_for, initial_model
+from hfl.runtime.build import build_node, build_level1_node, check_tree, federation_for, initial_model
 from hfl.runtime.simulate import run
 from hfl.state.store import StateStore
 from tests.conftest import compose_cfg
@@ -173,7 +173,7 @@ def test_driver_and_a_new_team_node_generate_no_device_data(sampling, generated,
     check_tree(cfg, fed.tree)
     initial_model(cfg, fed)
     build_global_strategy(cfg, tmp_path / "run")
-    node = build_team_node(cfg, 7, tmp_path / "state")
+    node = build_level1_node(cfg, 7, tmp_path / "state")
     assert len(fed.devices) == 100_000 and node.spec.path == "7"
     assert generated == [] and fed.devices.made == 0
 

@@ -10,7 +10,7 @@ import pytest
 from clients.permfl import device_step
 from hfl.rules.aggregate import mean_of
 from hfl.models import build_model
-from hfl.runtime.build import build_team_node, federation_for, initial_model
+from hfl.runtime.build import build_level1_node, federation_for, initial_model
 from hfl.seed import derive_seed
 from hfl.runtime.simulate import run
 from hfl.device.state import stored_device_states
@@ -115,9 +115,9 @@ def test_device_state_survives_a_fresh_node(small_cfg, tmp_path):
     cfg = small_cfg()
     fed = federation_for(cfg)
     x = initial_model(cfg, fed)
-    node = build_team_node(cfg, 0, tmp_path)
+    node = build_level1_node(cfg, 0, tmp_path)
     node.fit(x, {})
-    fresh = build_team_node(cfg, 0, tmp_path)
+    fresh = build_level1_node(cfg, 0, tmp_path)
     first = fresh.children.all()["%06d" % fed.teams[0][0]].client.numpy_client.device  # type: ignore[attr-defined]
     assert first.personal is not None and first.sampler.pos > 0
     direct_loss, direct_correct, n = first.trainer.evaluate(first.personal, first.x_test, first.y_test)
@@ -149,7 +149,7 @@ def test_dead_device_is_counted_and_the_team_round_goes_on(small_cfg, tmp_path):
     cfg = small_cfg("algorithm.min_fit_fraction=0.5")
     fed = federation_for(cfg)
     x = initial_model(cfg, fed)
-    node = build_team_node(cfg, 0, tmp_path)
+    node = build_level1_node(cfg, 0, tmp_path)
     _kill_device(node, fed.teams[0][0])
     model, _, metrics = node.fit(x, {})
     assert metrics["device_failures"] == cfg["algorithm"]["team_rounds"]  # once per team round
@@ -160,7 +160,7 @@ def test_dead_device_is_counted_and_the_team_round_goes_on(small_cfg, tmp_path):
 def test_team_round_without_enough_devices_fails_instead_of_returning_a_stale_model(small_cfg, tmp_path):
     cfg = small_cfg("algorithm.min_fit_fraction=1.0")
     fed = federation_for(cfg)
-    node = build_team_node(cfg, 0, tmp_path)
+    node = build_level1_node(cfg, 0, tmp_path)
     _kill_device(node, fed.teams[0][1])
     with pytest.raises(RuntimeError, match="no model aggregated from 2 results .0 rejected") as raised:
         node.fit(initial_model(cfg, fed), {})
@@ -172,8 +172,8 @@ def test_diverging_devices_are_rejected_and_the_run_stops_loudly(small_cfg, tmp_
     """NaN updates are never averaged into a model: every team rejects them, so the global
     server has nothing to aggregate and the run fails instead of reporting the old model."""
     cfg = small_cfg("algorithm.alpha=1e30", "runtime=inprocess")
-    with pytest.raises(RuntimeError, match="no team model to aggregate"):
+    with pytest.raises(RuntimeError, match="no level-1 model to aggregate"):
         run(cfg, tmp_path)
     fed = federation_for(cfg)
     with pytest.raises(RuntimeError, match=r"rejected as NaN"):
-        build_team_node(cfg, 0, tmp_path / "t").fit(initial_model(cfg, fed), {})
+        build_level1_node(cfg, 0, tmp_path / "t").fit(initial_model(cfg, fed), {})

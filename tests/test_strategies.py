@@ -64,10 +64,10 @@ def test_team_round_below_min_fraction_aggregates_nothing():
 
 
 def test_global_strategy_fails_loudly_without_team_models(tmp_path):
-    strategy = root_strategy(PerMFLServer, [np.zeros(1, dtype=np.float32)], ALG, tmp_path, num_teams=2, num_rounds=3)
+    strategy = root_strategy(PerMFLServer, [np.zeros(1, dtype=np.float32)], ALG, tmp_path, num_children=2, num_rounds=3)
     strategy._round = {k: 0 for k in ("failures", "bytes_up_global", "bytes_down_team", "bytes_up_team", "compute_seconds")}
-    with pytest.raises(RuntimeError, match="no team model"):
-        strategy.aggregate_fit(1, [(Proxy("a"), reply(np.nan, 5, team_id=0))], [RuntimeError("team died")])
+    with pytest.raises(RuntimeError, match="no level-1 model"):
+        strategy.aggregate_fit(1, [(Proxy("a"), reply(np.nan, 5, level1_index=0))], [RuntimeError("team died")])
 
 
 def _replies(models, weights):  # noqa: ANN001, ANN202
@@ -79,10 +79,10 @@ def _replies(models, weights):  # noqa: ANN001, ANN202
 def test_global_permfl_and_fedavg_rules(tmp_path):
     x = [np.array([8.0], dtype=np.float32)]
     replies = _replies([[np.array([2.0])], [np.array([6.0])]], [1, 3])
-    permfl = root_strategy(PerMFLServer, x, {**ALG, "beta": 0.5, "gamma": 1.5}, tmp_path, num_teams=2, num_rounds=1)
+    permfl = root_strategy(PerMFLServer, x, {**ALG, "beta": 0.5, "gamma": 1.5}, tmp_path, num_children=2, num_rounds=1)
     # w_bar uniform = (2 + 6)/2 = 4; x = 0.25*8 + 0.75*4 = 5
     np.testing.assert_allclose(permfl.rule.aggregate(x, replies)[0], [5.0])
-    fedavg = root_strategy(FedAvgServer, x, {"weighted": True}, tmp_path, num_teams=2, num_rounds=1)
+    fedavg = root_strategy(FedAvgServer, x, {"weighted": True}, tmp_path, num_children=2, num_rounds=1)
     np.testing.assert_allclose(fedavg.rule.aggregate(x, replies)[0], [5.0])
 
 
@@ -92,17 +92,17 @@ def test_the_root_keeps_its_model_and_rule_state_in_the_store_and_is_rebuilt_fro
     from hfl.state.store import StateStore
 
     x = [np.array([8.0], dtype=np.float32)]
-    root = root_strategy(PerMFLServer, x, {**ALG, "beta": 0.5, "gamma": 1.5}, tmp_path, num_teams=2, num_rounds=3)
+    root = root_strategy(PerMFLServer, x, {**ALG, "beta": 0.5, "gamma": 1.5}, tmp_path, num_children=2, num_rounds=3)
     root._round = {k: 0 for k in ("failures", "bytes_up_global", "bytes_down_team", "bytes_up_team", "compute_seconds")}
     root.store.round = 1
-    results = [(Proxy("a"), reply(2.0, 1, team_id=0)), (Proxy("b"), reply(6.0, 3, team_id=1))]
+    results = [(Proxy("a"), reply(2.0, 1, level1_index=0)), (Proxy("b"), reply(6.0, 3, level1_index=1))]
     root.aggregate_fit(1, results, [])
     root._save()  # what fit_round does once its round loop is done
     np.testing.assert_allclose(StateStore(tmp_path).load("node-root")["w_0"], [5.0])
-    again = root_strategy(PerMFLServer, x, {**ALG, "beta": 0.5, "gamma": 1.5}, tmp_path, num_teams=2, num_rounds=3)
+    again = root_strategy(PerMFLServer, x, {**ALG, "beta": 0.5, "gamma": 1.5}, tmp_path, num_children=2, num_rounds=3)
     np.testing.assert_allclose(again.current[0], [5.0])
     StateStore(tmp_path).rollback(0)  # back before round 1: the initial model again
-    fresh = root_strategy(PerMFLServer, x, {**ALG, "beta": 0.5, "gamma": 1.5}, tmp_path, num_teams=2, num_rounds=3)
+    fresh = root_strategy(PerMFLServer, x, {**ALG, "beta": 0.5, "gamma": 1.5}, tmp_path, num_children=2, num_rounds=3)
     np.testing.assert_allclose(fresh.current[0], [8.0])
 
 
@@ -134,16 +134,16 @@ def test_global_strategy_refuses_a_node_count_that_differs_from_the_topology(tmp
     manager = SimpleClientManager()
     for cid in ("0", "1", "2"):
         manager.register(Proxy(cid))
-    strategy = root_strategy(PerMFLServer, [np.zeros(1)], ALG, tmp_path, num_teams=2, num_rounds=1, team_wait_seconds=0.1)
-    with pytest.raises(RuntimeError, match="3 team nodes connected but topology has 2 teams"):
+    strategy = root_strategy(PerMFLServer, [np.zeros(1)], ALG, tmp_path, num_children=2, num_rounds=1, wait_seconds=0.1)
+    with pytest.raises(RuntimeError, match="3 level-1 nodes connected but topology has 2"):
         strategy.fit_round(1, manager, lambda calls: [])
 
 
 def test_global_strategy_refuses_two_nodes_serving_one_team(tmp_path):
-    strategy = root_strategy(PerMFLServer, [np.zeros(1, dtype=np.float32)], ALG, tmp_path, num_teams=2, num_rounds=1)
+    strategy = root_strategy(PerMFLServer, [np.zeros(1, dtype=np.float32)], ALG, tmp_path, num_children=2, num_rounds=1)
     strategy._round = {k: 0 for k in ("failures", "bytes_up_global", "bytes_down_team", "bytes_up_team", "compute_seconds")}
-    results = [(Proxy("a"), reply(1.0, 5, team_id=0)), (Proxy("b"), reply(2.0, 5, team_id=0))]
-    with pytest.raises(RuntimeError, match="duplicate team ids"):
+    results = [(Proxy("a"), reply(1.0, 5, level1_index=0)), (Proxy("b"), reply(2.0, 5, level1_index=0))]
+    with pytest.raises(RuntimeError, match="duplicate level-1 nodes"):
         strategy.aggregate_fit(1, results, [])
 
 
@@ -153,14 +153,14 @@ def test_global_evaluation_pools_the_teams_that_answered_and_counts_the_others(t
 
     from flwr.common import EvaluateRes
 
-    strategy = root_strategy(PerMFLServer, [np.zeros(1, dtype=np.float32)], ALG, tmp_path, num_teams=2, num_rounds=1)
+    strategy = root_strategy(PerMFLServer, [np.zeros(1, dtype=np.float32)], ALG, tmp_path, num_children=2, num_rounds=1)
     strategy._round = {"start": time.perf_counter(), "failures": 0, "bytes_down_team": 0, "bytes_up_team": 0, "compute_seconds": 0}
-    report = {"team_id": 1, "gm_correct": 3, "gm_n": 4, "gm_loss_sum": 2.0, "gm_devices": json.dumps([[7, 3, 4]])}
+    report = {"level1_index": 1, "gm_correct": 3, "gm_n": 4, "gm_loss_sum": 2.0, "gm_devices": json.dumps([[7, 3, 4]])}
     loss, metrics = strategy.aggregate_evaluate(
         1, [(Proxy("a"), EvaluateRes(Status(Code.OK, ""), 0.5, 4, report))], [RuntimeError("team 0 run failed")]
     )
     assert metrics["gm_accuracy"] == 0.75 and loss == 0.5
     assert strategy._round["failures"] == 1 and strategy._round["evaluation_failures"] == 1
     strategy._round = {"start": time.perf_counter(), "failures": 0, "bytes_down_team": 0, "bytes_up_team": 0, "compute_seconds": 0}
-    with pytest.raises(RuntimeError, match="evaluation failed on all 2 team"):
+    with pytest.raises(RuntimeError, match="evaluation failed on all 2 level-1 node"):
         strategy.aggregate_evaluate(1, [], [RuntimeError("x"), RuntimeError("y")])

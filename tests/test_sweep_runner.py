@@ -67,7 +67,7 @@ def test_a_forked_run_that_fails_reports_its_exit_status_and_error(runner, tmp_p
 def test_a_failed_runs_reason_reaches_the_device_failure_nested_in_it(runner, tmp_path):
     # a global round's error nests its node's, which nests the first device's: the cause is far in
     cause = "first failure: OutOfMemoryError('CUDA out of memory. Tried to allocate 1.17 GiB')"
-    line = ("RuntimeError: global round 1: no team model to aggregate (4 failures, 0 rejected); first failure: "
+    line = ("RuntimeError: global round 1: no level-1 model to aggregate (4 failures, 0 rejected); first failure: "
             "RuntimeError('node 0: round 1.1: no model aggregated from 0 results (0 rejected as NaN/Inf or "
             "misshaped), 10 failures; 10 usable updates needed (algorithm.min_fit_fraction); " + cause + "')")
     log = tmp_path / "run.log"

@@ -261,7 +261,7 @@ def test_samples_are_recorded_in_team_order_whatever_the_arrival_order(tmp_path)
     from tests.conftest import root_strategy
 
     x = [np.zeros(2, dtype=np.float32)]
-    strategy = root_strategy(FedAvgServer, x, {"weighted": True}, tmp_path, num_teams=2, num_rounds=1)
+    strategy = root_strategy(FedAvgServer, x, {"weighted": True}, tmp_path, num_children=2, num_rounds=1)
     records = {t: json.dumps([{"node": f"{t}.0", "round": "1.1.1", "asked": [f"00000{t}"]}]) for t in (0, 1)}
     answered_1 = threading.Event()
 
@@ -276,7 +276,7 @@ def test_samples_are_recorded_in_team_order_whatever_the_arrival_order(tmp_path)
         def fit(self, ins, timeout, group_id):  # noqa: ANN001, ANN201
             if self.path == 0:
                 assert answered_1.wait(10)  # node 1's reply arrives first
-            reply = _res([_a(self.path, self.path)], 5, team_id=self.path, node=str(self.path),
+            reply = _res([_a(self.path, self.path)], 5, level1_index=self.path, node=str(self.path),
                          samples=records[self.path])
             answered_1.set()
             return reply

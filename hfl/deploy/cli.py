@@ -143,7 +143,7 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("device", help="a device SuperNode")
     for role in (g, n, t, d):
         role.add_argument("--print", action="store_true", help="print the commands instead of running them")
-    for link, port in ((g, roles.GLOBAL_PORT), (n, roles.TEAM_PORT), (t, roles.TEAM_PORT)):
+    for link, port in ((g, roles.GLOBAL_PORT), (n, roles.INNER_PORT), (t, roles.INNER_PORT)):
         link.add_argument("--host", default="0.0.0.0", help="address the Fleet gate binds (what SuperNodes reach)")
         link.add_argument("--port", type=int, default=port, help="the Fleet gate's port (Flower's Fleet API only)")
         link.add_argument("--control-port", type=int, help="the SuperLink's own port, where runs are submitted "

@@ -16,7 +16,7 @@ from pathlib import Path
 # the SuperLink listens on loopback (its control port) and the Fleet gate (hfl.deploy.gate) on the
 # port its SuperNodes reach.
 GLOBAL_PORT = 9092
-TEAM_PORT = 9192
+INNER_PORT = 9192  # an inner node's SuperLink (its children connect there)
 NODE_PORT = 9094  # a SuperNode's local API; must differ per SuperNode on one host
 LOOPBACK = "127.0.0.1"
 
@@ -150,7 +150,7 @@ def node_role(
     work_dir: str | Path,
     *,
     host: str = "0.0.0.0",
-    port: int = TEAM_PORT,
+    port: int = INNER_PORT,
     node_port: int = NODE_PORT,
     tls: ServerTls | None = None,
     parent_ca: str | Path | None = None,

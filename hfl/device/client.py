@@ -9,10 +9,13 @@ from hfl.device.plan import FitPlan, run_plan
 from hfl.device.state import DeviceRuntime
 from hfl.device.training import Params, to_ndarrays, to_tensors
 
+# A fit config's round of the node asking (1..K within its call; e.g. L2GD's pulls depend on it).
+NODE_ROUND = "node_round"
+
 
 class DeviceClient(NumPyClient):
     """Base device. ``evaluate`` with config ``{"model": "personal"}`` tests the device's own
-    model; any other config tests the parameters it was sent (global or team model)."""
+    model; any other config tests the parameters it was sent (the global model or a server level's)."""
 
     def __init__(self, device: DeviceRuntime) -> None:
         self.device = device

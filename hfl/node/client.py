@@ -29,11 +29,12 @@ from hfl.node.inprocess import (EvaluateMany, FitMany, client_manager_of, evalua
                                 ordered_children, run_fit_rounds)
 from hfl.rules.payload import LocalParameters, Payload, decode, npy_nbytes, pack, unpack
 from hfl.tree.sampling import parse_devices
-from hfl.node.strategy import NodeStrategy
+from hfl.node.strategy import LEVEL1_INDEX, NodeStrategy
 from hfl.state.store import StateStore
 from hfl.tree.shape import level_of
 
-# The config value devices read for each evaluation target (hfl.device.client.DeviceClient).
+# The config value devices read for each evaluation target (hfl.device.client.DeviceClient); a
+# server level's model goes by its target name (level1, level2...).
 DEVICE_MODEL = {"gm": "global", "pm": "personal"}
 # Evaluation parts named ctx_* are no model to test: they travel down the tree and reach the
 # devices with the PM target, which they complete their own model from (e.g. FeMAM's group models).
@@ -62,8 +63,8 @@ class NodeSpec:
         return level_of(self.path)
 
     @property
-    def team_id(self) -> int:
-        """The level-1 node this node belongs to (its SuperNode in simulation); -1 for the root."""
+    def level1_index(self) -> int:
+        """The index of the level-1 node this node belongs to (its SuperNode in simulation); -1 for the root."""
         return int(self.path.split(".")[0]) if self.path else -1
 
     @property
@@ -232,7 +233,7 @@ class NodeClient(NumPyClient):
         metrics: dict[str, Scalar] = {
             **counters,
             "node": spec.path,
-            "team_id": spec.team_id,
+            LEVEL1_INDEX: spec.level1_index,
             "compute_seconds": time.perf_counter() - start,
             "device_failures": below,
             "rejected": int(counters.get("rejected", 0)) + sum(int(m.get("rejected", 0)) for m in report.metrics),
@@ -286,7 +287,7 @@ class NodeClient(NumPyClient):
         metrics.update(add_reports(reports))
         if records:  # only where evaluation is sampled: a full evaluation's reply is as it was
             metrics[EVAL_SAMPLES] = json.dumps(records)
-        metrics["team_id"] = self.spec.team_id
+        metrics[LEVEL1_INDEX] = self.spec.level1_index
         metrics["compute_seconds"] = time.perf_counter() - start
         if self.spec.level == 1:
             metrics["bytes_down_team"] = sum(v for k, v in metrics.items() if k.startswith("bytes_down_level"))
@@ -318,7 +319,7 @@ class NodeClient(NumPyClient):
                 config["pm"].update({**self.device_evaluation_config, **(timing or {})})
         report: dict[str, Scalar] = {}
         # batched devices read the arrays; bytes only if they leave
-        asks = [(LocalParameters(arrays), {"model": DEVICE_MODEL.get(target, "team"), **config.get(target, {})})
+        asks = [(LocalParameters(arrays), {"model": DEVICE_MODEL.get(target, target), **config.get(target, {})})
                 for target, arrays in targets.items()]
         if self.evaluate_targets is not None:
             answers = self.evaluate_targets(children, asks)

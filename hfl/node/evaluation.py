@@ -62,7 +62,7 @@ def evaluation_result(metrics: dict[str, Scalar], global_model: bool) -> tuple[f
     main = "gm" if global_model else "pm"
     n = int(metrics.get(f"{main}_n", 0))
     if n == 0:
-        raise RuntimeError(f"node {metrics.get('node', metrics.get('team_id'))}: no device evaluated the {main.upper()} model")
+        raise RuntimeError(f"node {metrics.get('node')}: no device evaluated the {main.upper()} model")
     return float(metrics[f"{main}_loss_sum"]) / n, n, metrics
 
 

@@ -1,9 +1,9 @@
 """Run a Flower Strategy over clients living in the same process.
 
-A team node is "a client outside, a strategy inside" (DESIGN.md): in simulation its
-devices are NumPyClients in the team node's process, driven through the ordinary
+An inner node is "a client outside, a strategy inside" (DESIGN.md): in simulation its
+devices are NumPyClients in the node's process, driven through the ordinary
 Strategy API (configure_fit / aggregate_fit) by this small, sequential round loop.
-Children may themselves be team nodes, which is what makes deeper trees possible.
+Children may themselves be inner nodes, which is what makes deeper trees possible.
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def run_fit_rounds(
 
     Each round the strategy sees only the children ``sample(round, children)`` picks (all
     of them without a sampler); each FitIns also carries the ``round_path`` of that round
-    (e.g. ``"3.2"`` = team round 2 of global round 3) so that a child node seeds its own
+    (e.g. ``"3.2"`` = round 2 of a level-1 node's call in global round 3) so that a child node seeds its own
     sampling by it, and the ``forward`` entries (e.g. the devices the root drew). ``fit_many``
     calls the round's children (one by one, or a lowest node's devices batched). With a ``timer``
     (simulated time, hfl.clock), each reply reaches the node at its simulated time and the level's

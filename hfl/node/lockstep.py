@@ -1,6 +1,6 @@
 """Sibling subtrees taking turns, their batched device steps merged (``runtime.batch_siblings``).
 
-In process, the root's children (team nodes, or deeper subtrees) used to fit one after the
+In process, the root's children (level-1 nodes and their subtrees) used to fit one after the
 other, each stepping only its own devices together (hfl.accel.batched): PerMFL's preset is 4 teams x
 K = 10 team rounds, 40 phases of 10 devices a global round, each step paying ~30 small ops for
 10 devices. Here each child's fit runs in a thread of its own, but only one thread runs at a

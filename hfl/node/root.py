@@ -40,7 +40,7 @@ from hfl.node.client import EVAL_SAMPLES, node_key
 from hfl.node.evaluation import pool_evaluations
 from hfl.node.faults import Dropout
 from hfl.rules.payload import payload_nbytes
-from hfl.node.strategy import accept_results, node_order, usable_needed
+from hfl.node.strategy import LEVEL1_INDEX, accept_results, node_order, usable_needed
 from hfl.state.store import StateStore
 from hfl.tree.sampling import DeviceDraw, EvaluationDraw
 
@@ -84,11 +84,11 @@ class RootStrategy(Strategy):
         make_rule: Callable[[dict | None], ServerRule],
         store: StateStore,
         *,
-        num_teams: int,
+        num_children: int,
         num_rounds: int,
         eval_every: int = 1,
         recorder=None,  # noqa: ANN001 - hfl.output.recorder.Recorder, optional
-        team_wait_seconds: float = 60.0,
+        wait_seconds: float = 60.0,
         device_sampling: DeviceDraw | None = None,
         min_fit_fraction: float = 0.0,
         dropout: Dropout | None = None,
@@ -105,11 +105,11 @@ class RootStrategy(Strategy):
         self.merges: dict[str, dict[str, int]]
         self.current: NDArrays
         self._restore()
-        self.num_teams = num_teams
+        self.num_children = num_children  # the level-1 nodes of the topology
         self.num_rounds = num_rounds
         self.eval_every = eval_every
         self.recorder = recorder
-        self.team_wait_seconds = team_wait_seconds
+        self.wait_seconds = wait_seconds  # how long the first round waits for them to connect
         self.device_sampling = device_sampling
         # A round needs this fraction of the level-1 nodes it asked (at least one): the same
         # algorithm.min_fit_fraction every inner node applies to its children (hfl.node.strategy).
@@ -137,15 +137,15 @@ class RootStrategy(Strategy):
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return ndarrays_to_parameters(self.current)
 
-    def _teams(self, client_manager: ClientManager) -> list[ClientProxy]:
-        # Every team takes part; a node count that differs from the topology is a deployment
+    def _children(self, client_manager: ClientManager) -> list[ClientProxy]:
+        # Every level-1 node takes part; a node count that differs from the topology is a deployment
         # mistake (e.g. flwr run's num-supernodes), not something to wait out or sample around.
-        client_manager.wait_for(self.num_teams, timeout=self.team_wait_seconds)
+        client_manager.wait_for(self.num_children, timeout=self.wait_seconds)
         available = client_manager.num_available()
-        if available != self.num_teams:
+        if available != self.num_children:
             raise RuntimeError(
-                f"{available} team nodes connected but topology has {self.num_teams} teams; "
-                "run one SuperNode per team (flwr run: num-supernodes = number of teams)"
+                f"{available} level-1 nodes connected but topology has {self.num_children}; "
+                "run one SuperNode per level-1 node (flwr run: num-supernodes = number of level-1 nodes)"
             )
         return sorted(client_manager.all().values(), key=lambda p: p.cid)
 
@@ -194,7 +194,7 @@ class RootStrategy(Strategy):
         node is asked once."""
         if proxy.cid not in self._paths:
             # No timeout, as for fit: Flower makes it the message's TTL, and a node's first message
-            # (building its subtree, on a busy machine) can take longer than team_wait_seconds.
+            # (building its subtree, on a busy machine) can take longer than wait_seconds.
             props = proxy.get_properties(GetPropertiesIns({}), timeout=None, group_id=server_round)
             self._paths[proxy.cid] = str(props.properties["path"])
         return self._paths[proxy.cid]
@@ -203,7 +203,7 @@ class RootStrategy(Strategy):
         """The level-1 nodes in tree order, each known by its path (``PathProxy``): Flower's node ids
         say nothing of the tree, so the root's children are named as every node's are."""
         out = []
-        for proxy in self._teams(client_manager):
+        for proxy in self._children(client_manager):
             named = self._named.get(proxy.cid)
             if named is None or named.proxy is not proxy:
                 named = self._named[proxy.cid] = PathProxy(self._path_of(proxy, server_round), proxy)
@@ -236,7 +236,7 @@ class RootStrategy(Strategy):
         record = [{"node": "root", "round": str(server_round), **entry}]
         self._round.setdefault("samples", []).append(json.dumps(record))
 
-    def _count_team_report(self, metrics: Mapping[str, Scalar]) -> None:
+    def _count_child_report(self, metrics: Mapping[str, Scalar]) -> None:
         """Add a level-1 node's subtree counters (bytes per edge level, seconds) to the round's."""
         for key, value in metrics.items():
             if key in ("bytes_down_team", "bytes_up_team", "compute_seconds") or (
@@ -248,14 +248,14 @@ class RootStrategy(Strategy):
 
     def aggregate_fit(self, server_round, results, failures):  # noqa: ANN001
         """The accepted level-1 replies to the rule; fails loudly when there are too few."""
-        accepted, rejected = accept_results(results, self.current, "team_id", "global")
-        team_ids = [u.metrics.get("team_id") for u in accepted]
-        if len(set(team_ids)) != len(team_ids):
-            raise RuntimeError(f"global round {server_round}: duplicate team ids {sorted(team_ids)}; "
-                               "two nodes serve the same team (check partition-id)")
+        accepted, rejected = accept_results(results, self.current, LEVEL1_INDEX, "root")
+        indices = [u.metrics.get(LEVEL1_INDEX) for u in accepted]
+        if len(set(indices)) != len(indices):
+            raise RuntimeError(f"global round {server_round}: duplicate level-1 nodes {sorted(indices)}; "
+                               "two nodes serve the same level-1 node (check partition-id)")
         if not accepted:
             raise RuntimeError(
-                f"global round {server_round}: no team model to aggregate "
+                f"global round {server_round}: no level-1 model to aggregate "
                 f"({len(failures)} failures, {rejected} rejected){first_failure(failures)}; "
                 "stopping rather than keeping the old model"
             )
@@ -276,7 +276,7 @@ class RootStrategy(Strategy):
     def _count_reply(self, res: FitRes) -> None:
         """A level-1 reply whose subtree's counters count this round (hfl.clock: when it computed them,
         whether its reply is merged now, later or never): its counters, sample records and failures."""
-        self._count_team_report(res.metrics)
+        self._count_child_report(res.metrics)
         self._count_subtree(res)
 
     def _count_subtree(self, res: FitRes) -> None:
@@ -303,35 +303,35 @@ class RootStrategy(Strategy):
         if server_round % self.eval_every and server_round != self.num_rounds:
             self._finish(server_round, None)
             return []
-        teams = self._evaluated_teams(server_round, self._level1(client_manager, server_round))
+        children = self._evaluated_children(server_round, self._level1(client_manager, server_round))
         arrays, meta = self.rule.evaluation_message(self.current)
         parameters = ndarrays_to_parameters(arrays)
-        self._round["bytes_down_global"] += payload_nbytes(parameters) * len(teams)
+        self._round["bytes_down_global"] += payload_nbytes(parameters) * len(children)
         timed = {} if self.timer is None else {SIM_TIME: self.timer.time}  # data may drift (hfl.clock.shift)
         ins = EvaluateIns(parameters, {**meta, "global_round": server_round, **timed})
-        return [(proxy, ins) for proxy in teams]
+        return [(proxy, ins) for proxy in children]
 
-    def _evaluated_teams(self, server_round: int, teams: list[ClientProxy]) -> list[ClientProxy]:
+    def _evaluated_children(self, server_round: int, children: list[ClientProxy]) -> list[ClientProxy]:
         """The level-1 nodes this evaluation asks: all, or a seeded sample of them in tree order, as
         every node samples its children (hfl.node.cohort), recorded in samples.jsonl."""
         if self.evaluation is None or self.evaluation.fraction >= 1:
-            return teams
-        asked = evaluation_cohort(teams, path="", seed=self.evaluation.seed, fraction=self.evaluation.fraction,
+            return children
+        asked = evaluation_cohort(children, path="", seed=self.evaluation.seed, fraction=self.evaluation.fraction,
                                   global_round=server_round)
         self._record({"evaluated": [p.cid for p in asked]}, server_round)
         return asked
 
     def aggregate_evaluate(self, server_round, results, failures):  # noqa: ANN001
         if not results:
-            raise RuntimeError(f"global round {server_round}: evaluation failed on all {len(failures)} team(s)")
-        for failure in failures:  # the other teams' devices are still pooled; the loss is counted
-            log.warning("global round %d: a team's evaluation failed: %s", server_round, failure)
+            raise RuntimeError(f"global round {server_round}: evaluation failed on all {len(failures)} level-1 node(s)")
+        for failure in failures:  # the other level-1 nodes' devices are still pooled; the loss is counted
+            log.warning("global round %d: a level-1 node's evaluation failed: %s", server_round, failure)
         self._round["failures"] += len(failures)
         self._round["evaluation_failures"] = len(failures)
         # In node order, not arrival order, so that float sums are reproducible.
         reports = sorted((res.metrics for _, res in results), key=node_order)
         for report in reports:
-            self._count_team_report(report)
+            self._count_child_report(report)
             if report.get(EVAL_SAMPLES):  # the children each node asked to evaluate
                 self._round.setdefault("samples", []).append(str(report[EVAL_SAMPLES]))
         pooled = pool_evaluations(reports, None if self.evaluation is None else self.evaluation.population)

@@ -16,15 +16,20 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from hfl.rules.aggregate import all_finite, update_problem
+from hfl.device.client import NODE_ROUND
 from hfl.algorithm import Replies, ServerRule, Update
 from hfl.rules.payload import LocalParameters, Payload, decode, unpack
 
 log = logging.getLogger(__name__)
 
+# A node's reply names the level-1 node above it (its index; -1 at the root): the root orders its
+# children's replies by it.
+LEVEL1_INDEX = "level1_index"
+
 
 def node_order(metrics: Mapping[str, Scalar]) -> tuple[int, str]:
-    """A level-1 node's reply sorted by its team id and path, not by arrival order."""
-    return int(metrics.get("team_id", 0)), str(metrics.get("node", ""))
+    """A level-1 node's reply sorted by its index and path, not by arrival order."""
+    return int(metrics.get(LEVEL1_INDEX, 0)), str(metrics.get("node", ""))
 
 
 def usable_needed(min_fit_fraction: float, asked: int) -> int:
@@ -34,11 +39,11 @@ def usable_needed(min_fit_fraction: float, asked: int) -> int:
 
 
 def accept_results(
-    results: Sequence[tuple[ClientProxy, FitRes]], reference: Sequence, order_key: str, tier: str
+    results: Sequence[tuple[ClientProxy, FitRes]], reference: Sequence, order_key: str, node: str
 ) -> tuple[list[Update], int]:
     """Updates that can be aggregated, ordered by ``metrics[order_key]`` (or the child node's
     path) so that float sums do not depend on arrival order, and the number rejected (logged
-    with the reason). Empty payloads (a subtree with nothing to report) are skipped, not rejected."""
+    with the reason, under ``node``'s name). Empty payloads (a subtree with nothing to report) are skipped, not rejected."""
     accepted, rejected = [], 0
     unpacked: list[tuple[ClientProxy, FitRes, Payload | str]] = []
     for proxy, res in results:
@@ -59,7 +64,7 @@ def accept_results(
             problem = f"num_examples is {res.num_examples}"
         if problem is not None:
             rejected += 1
-            log.warning("%s: rejected the update of %s: %s", tier, proxy.cid, problem)
+            log.warning("%s: rejected the update of %s: %s", node, proxy.cid, problem)
             continue
         accepted.append(Update(payload.main, res.num_examples, res.metrics, payload.parts))
     accepted.sort(key=lambda u: u.metrics.get(order_key, u.metrics.get("node", 0)))
@@ -76,6 +81,11 @@ class NodeStrategy(Strategy):
         self.fit_config = rule.fit_config()
         self.current = rule.start()
 
+    @property
+    def _name(self) -> str:
+        """How its log lines name the node: ``node 0.1``."""
+        return f"node {self.rule.ctx.path}"
+
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         # Kept as arrays, encoded only if sent out of the process (hfl.rules.payload.LocalParameters).
         return LocalParameters(self.current)
@@ -87,7 +97,7 @@ class NodeStrategy(Strategy):
         message = self.rule.fit_message(server_round, self.current)
         arrays, meta = message
         shared = LocalParameters(arrays)
-        config = {**self.fit_config, **meta, "team_round": server_round}
+        config = {**self.fit_config, **meta, NODE_ROUND: server_round}
         out = []
         for proxy in sorted(client_manager.all().values(), key=lambda p: p.cid):
             own = self.rule.child_message(server_round, message, proxy.cid)
@@ -95,7 +105,7 @@ class NodeStrategy(Strategy):
                 out.append((proxy, FitIns(shared, config)))
             else:
                 out.append((proxy, FitIns(LocalParameters(own[0]), {**self.fit_config, **own[1],
-                                                                     "team_round": server_round})))
+                                                                     NODE_ROUND: server_round})))
         return out
 
     def aggregate_fit(
@@ -104,13 +114,13 @@ class NodeStrategy(Strategy):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        accepted, rejected = accept_results(results, self.current, "device_id", "team")
+        accepted, rejected = accept_results(results, self.current, "device_id", self._name)
         asked = len(results) + len(failures)
         needed = usable_needed(self.min_fit_fraction, asked)
         stats: dict[str, Scalar] = {"rejected": rejected, "failures": len(failures), "aggregated": len(accepted)}
         if len(accepted) < needed:
-            log.error("team round %d: %d usable updates of %d asked, %d needed (min_fit_fraction %g)",
-                      server_round, len(accepted), asked, needed, self.min_fit_fraction)
+            log.error("%s round %d: %d usable updates of %d asked, %d needed (min_fit_fraction %g)",
+                      self._name, server_round, len(accepted), asked, needed, self.min_fit_fraction)
             return None, {**stats, "needed": needed}
         round_path = f"{self.rule.ctx.round_path}.{server_round}" if self.rule.ctx.round_path else str(server_round)
         self.current = self.rule.aggregate(self.current, Replies(server_round, round_path, accepted))

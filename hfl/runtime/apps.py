@@ -1,4 +1,4 @@
-"""The Flower ServerApp (global server) and ClientApp (team nodes).
+"""The Flower ServerApp (global server) and ClientApp (level-1 nodes).
 
 ``hfl-simulate`` builds them bound to a Hydra config (``make_server_app``/``make_client_app``);
 ``flwr run .`` reaches ``server_app`` and ``_flwr_client_fn`` through ``hfl.app`` (light to
@@ -26,7 +26,7 @@ from hfl.algorithm import NodeContext, ServerRule
 from hfl.config.checks import load_server
 from hfl.config.compose import context_config
 from hfl.node.faults import Dropout, dropout_fractions
-from hfl.runtime.build import build_team_node, eval_fraction, evaluation_sampled, federation_for, initial_model
+from hfl.runtime.build import build_level1_node, eval_fraction, evaluation_sampled, federation_for, initial_model
 from hfl.rules.payload import Payload
 from hfl.runtime.polling import PolledServerApp
 from hfl.output import tracking
@@ -68,11 +68,11 @@ def build_global_strategy(cfg: Mapping, run_dir: str | Path, start: Checkpoint |
     strategy = RootStrategy(
         make_rule,
         StateStore(cfg["runtime"].get("state_dir") or Path(run_dir) / "state"),
-        num_teams=len(fed.teams),
+        num_children=len(fed.tree.children("")),
         num_rounds=int(cfg["global_rounds"]),
         eval_every=int(cfg["eval_every"]),
         recorder=recorder,
-        team_wait_seconds=float(cfg["runtime"].get("team_wait_seconds", 60)),
+        wait_seconds=float(cfg["runtime"].get("team_wait_seconds", 60)),
         device_sampling=device_sampling,
         min_fit_fraction=float(alg.get("min_fit_fraction", 1.0)),
         # runtime.dropout_nodes: the root drops level-1 nodes too (hfl.node.faults)
@@ -100,10 +100,10 @@ def rounds_left(cfg: Mapping, start: Checkpoint | None) -> int:
     return int(cfg["global_rounds"]) - (start.round if start is not None else 0)
 
 
-def team_client(cfg: Mapping, context: Context) -> Client:
+def level1_client(cfg: Mapping, context: Context) -> Client:
     use_runtime_threads(cfg["runtime"])
-    team_id = int(context.node_config["partition-id"])
-    node = build_team_node(cfg, team_id, cfg["runtime"]["state_dir"])
+    index = int(context.node_config["partition-id"])
+    node = build_level1_node(cfg, index, cfg["runtime"]["state_dir"])
     freeze_long_lived_objects()
     return node.to_client()
 
@@ -134,7 +134,7 @@ def make_server_app(cfg: Mapping, run_dir: str | Path, start: Checkpoint | None 
 
 
 def make_client_app(cfg: Mapping) -> ClientApp:
-    return ClientApp(client_fn=lambda context: team_client(cfg, context))
+    return ClientApp(client_fn=lambda context: level1_client(cfg, context))
 
 
 # ---- `flwr run .`: the config comes from the run config's Hydra overrides ----
@@ -164,4 +164,4 @@ server_app = ServerApp(server_fn=_flwr_server_fn)
 def _flwr_client_fn(context: Context) -> Client:
     """``flwr run``'s simulation: a level-1 node with its subtree (a deployment's bridges and
     devices are hfl.app's, which calls this for every other SuperNode)."""
-    return team_client(context_config(context), context)
+    return level1_client(context_config(context), context)

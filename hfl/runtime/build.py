@@ -358,9 +358,9 @@ def device_steps(cfg: Mapping, fed: Federation) -> Callable[[int], int]:
     return lambda device_id: epochs * -(-len(fed.devices[device_id].y_train) // batch)
 
 
-def build_team_node(cfg: Mapping, team_id: int, state_dir: str | Path) -> NodeClient:
-    """The level-1 node ``team_id`` (a SuperNode of the simulation) with its subtree."""
-    teams = federation_for(cfg).tree.children("")
-    if not 0 <= team_id < len(teams):
-        raise ValueError(f"team node {team_id} does not exist: the topology has {len(teams)} level-1 nodes")
-    return build_node(cfg, child_path("", team_id), state_dir)
+def build_level1_node(cfg: Mapping, index: int, state_dir: str | Path) -> NodeClient:
+    """The level-1 node ``index`` (a SuperNode of the simulation) with its subtree."""
+    children = federation_for(cfg).tree.children("")
+    if not 0 <= index < len(children):
+        raise ValueError(f"level-1 node {index} does not exist: the topology has {len(children)} level-1 nodes")
+    return build_node(cfg, child_path("", index), state_dir)

@@ -37,7 +37,7 @@ from hfl.runtime.apps import (
 from hfl.config.checks import validate
 from hfl.errors import ConfigError, out_of_space, user_error
 from hfl.node.inprocess import InProcessClientProxy, client_manager_of, fit_in_lockstep
-from hfl.runtime.build import build_team_node, check_tree, federation_for, initial_model
+from hfl.runtime.build import build_level1_node, check_tree, federation_for, initial_model
 from hfl.runtime.polling import simulation_polling
 from hfl.output.recorder import Recorder
 from hfl.output.report import load_run
@@ -52,14 +52,14 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 def run_inprocess(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None,
                   tracker: tracking.Guarded | None = None) -> None:
-    """Flower's legacy server loop over team nodes in this process (no Ray): the same
+    """Flower's legacy server loop over the level-1 nodes in this process (no Ray): the same
     strategies and clients, used for tests and to measure the runtime's overhead. ``start``:
     go on after that checkpoint's round (hfl.state.resume); ``tracker``: the run's started
     tracker (hfl.output.tracking)."""
     batched.use_runtime_threads(cfg["runtime"])
     tree = federation_for(cfg).tree
     proxies = [
-        InProcessClientProxy(f"{t:06d}", lambda t=t: build_team_node(cfg, t, cfg["runtime"]["state_dir"]).to_client())
+        InProcessClientProxy(f"{t:06d}", lambda t=t: build_level1_node(cfg, t, cfg["runtime"]["state_dir"]).to_client())
         for t in range(len(tree.children("")))
     ]
     manager, strategy = client_manager_of(proxies), build_global_strategy(cfg, run_dir, start, tracker)
@@ -123,7 +123,7 @@ def ray_init_args(runtime: Mapping) -> dict:
     ``"ray://host:10001"``) joins that cluster. ``runtime.ray_tmp_dir`` is Ray's temp directory
     (where a fresh instance writes its session, and where ``"auto"`` looks for one). Nothing
     about resources: ``ray.init`` refuses ``num_cpus`` and the like when it joins a cluster;
-    Flower's ``client_resources`` size the team actors instead."""
+    Flower's ``client_resources`` size the level-1 nodes' actors instead."""
     address = runtime.get("ray_address")
     args: dict = {"address": str(address) if address else "local", "include_dashboard": False}
     if runtime.get("ray_tmp_dir"):
@@ -133,7 +133,7 @@ def ray_init_args(runtime: Mapping) -> dict:
 
 def run_simulation(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None,
                    tracker: tracking.Guarded | None = None) -> None:
-    """Flower's Simulation Runtime (Ray): one SuperNode per team (``start`` and ``tracker`` as
+    """Flower's Simulation Runtime (Ray): one SuperNode per level-1 node (``start`` and ``tracker`` as
     run_inprocess's; the ServerApp runs in this process, so the tracker is this one)."""
     from flwr.simulation import run_simulation as flwr_run_simulation
 
@@ -147,7 +147,7 @@ def run_simulation(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None,
         flwr_run_simulation(
             server_app=make_server_app(cfg, run_dir, start, tracker),
             client_app=make_client_app(cfg),
-            num_supernodes=len(federation_for(cfg).teams),
+            num_supernodes=len(federation_for(cfg).tree.children("")),
             backend_config={"client_resources": {"num_cpus": runtime["num_cpus_per_team"], "num_gpus": float(runtime.get("num_gpus_per_team", 0.0))},
                             "init_args": {**init_args, **logging_args}},
             verbose_logging=verbose,
@@ -156,9 +156,9 @@ def run_simulation(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None,
 
 def cluster_state_warning(runtime: Mapping, state: Path) -> str | None:
     """A run joining an existing Ray cluster (``runtime.ray_address``) with its state in the
-    run directory (``runtime.state_dir`` null): team nodes on other Ray nodes read and write
+    run directory (``runtime.state_dir`` null): level-1 nodes on other Ray nodes read and write
     that path on their own filesystems, so unless it is shared their devices would silently
-    start from scratch whenever Flower hands a team to an actor elsewhere."""
+    start from scratch whenever Flower hands a level-1 node to an actor elsewhere."""
     address = str(runtime.get("ray_address") or "local").strip()
     if runtime.get("name") != "simulation" or address == "local" or runtime.get("state_dir"):
         return None
@@ -212,7 +212,7 @@ def _run_locked(cfg: dict, run_dir: Path, fed, tracker, tracked: dict,  # noqa: 
         log.warning("hfl: %s", warning)
     cfg["runtime"]["state_dir"] = str(state)
     log.info("hfl: %s on %s/%s, a tree of depth %d with %d level-1 nodes and %d devices, %d global rounds -> %s",
-             cfg["algorithm"]["name"], cfg["dataset"]["name"], cfg["model"]["name"], fed.tree.depth, len(fed.teams),
+             cfg["algorithm"]["name"], cfg["dataset"]["name"], cfg["model"]["name"], fed.tree.depth, len(fed.tree.children("")),
              len(fed.devices), cfg["global_rounds"], console.shown_path(run_dir), extra={console.SHOW: "run"})
     state.mkdir(parents=True, exist_ok=True)
     started = tracking.begin(tracker, tracked, start.recorder["lines"] if start is not None else ())
