@@ -36,7 +36,7 @@ def main() -> int:
     classes, features = fed.num_classes, fed.devices[0].x_train[0].numel()
     step_flops = setup_flops = primal_flops = 0.0
     costliest = (0, 0, 0)  # the bucket with the most step arithmetic: its shapes are timed
-    for team in fed.teams:
+    for team in fed.level1_devices:
         sizes = [len(fed.devices[d].y_train) for d in team]
         for bucket in dual_buckets(sizes, batch, steps):
             n, devices = max(sizes[i] for i in bucket), len(bucket)
@@ -52,7 +52,7 @@ def main() -> int:
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
     sgemm_rate = gflop_per_second(2 * 1024**3, lambda: a @ b, repeats=10)
     seconds = step_flops / 1e9 / step_rate + setup_flops / 1e9 / setup_rate
-    print(f"PerMFL MNIST MCLR preset: {len(fed.teams)} teams, {len(fed.devices)} devices, K = {k}, L = {steps}, "
+    print(f"PerMFL MNIST MCLR preset: {len(fed.level1_devices)} teams, {len(fed.devices)} devices, K = {k}, L = {steps}, "
           f"batch {batch}; per global round:")
     print(f"  dual-form steps   {step_flops / 1e9:6.2f} GFLOP  at {step_rate:5.1f} GFLOP/s (bmm, {devices} devices "
           f"x {n} rows)")

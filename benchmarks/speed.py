@@ -84,7 +84,7 @@ def textbook_round_seconds(overrides: list[str], rounds: int) -> dict:
         for _ in range(rounds):
             start = time.perf_counter()
             team_states = []
-            for team in fed.teams:
+            for team in fed.level1_devices:
                 team_state = {k: v.clone() for k, v in global_state.items()}
                 for _ in range(int(alg["team_rounds"])):
                     device_states = []

@@ -149,7 +149,7 @@ def test_synthetic_federation_shapes_labels_and_determinism():
     other = build_federation(SYNTH, RANDOM4, seed=6)
     for a, b in zip(fed.devices, again.devices):
         assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
-    assert fed.teams == again.teams
+    assert fed.level1_devices == again.level1_devices
     assert not torch.equal(fed.devices[0].x_test[:5], other.devices[0].x_test[:5])
 
 
@@ -386,15 +386,15 @@ def test_device_data_does_not_depend_on_the_tree_shape(partition):
     deep = build_federation(dataset, TREE_2X2X10, seed=3)
     assert_same_devices(flat, deep)
     assert deep.tree.depth == 3 and flat.tree.depth == 2
-    assert deep.teams == deep.tree.teams and flat.teams == flat.tree.teams
-    assert len(deep.teams) == 2 and [len(t) for t in deep.teams] == [20, 20]
+    assert deep.level1_devices == deep.tree.level1_devices and flat.level1_devices == flat.tree.level1_devices
+    assert len(deep.level1_devices) == 2 and [len(t) for t in deep.level1_devices] == [20, 20]
     # the lowest-level servers of [2, 2, 10] are the teams of random 4 x 10 (regrouped)
-    assert sorted(deep.tree.devices(p) for p in deep.tree.nodes_at(2)) == sorted(flat.teams)
+    assert sorted(deep.tree.devices(p) for p in deep.tree.nodes_at(2)) == sorted(flat.level1_devices)
 
 
 def test_federation_tree_for_three_tier_topologies():
     fed = build_federation(SYNTH, RANDOM4, seed=0)
-    assert fed.tree.depth == 2 and fed.tree.teams == fed.teams and fed.tree.num_devices == 4
+    assert fed.tree.depth == 2 and fed.tree.level1_devices == fed.level1_devices and fed.tree.num_devices == 4
     assert fed.proxy_x is None and fed.proxy_y is None
 
 

@@ -59,7 +59,7 @@ def test_federation_from_the_generator_is_seeded_and_labels_follow_the_models():
     a = build_federation(cfg["dataset"], cfg["topology"], 0)
     b = build_federation(cfg["dataset"], cfg["topology"], 0)
     c = build_federation(cfg["dataset"], cfg["topology"], 1)
-    assert len(a.devices) == 40 and a.teams == [list(range(t * 10, t * 10 + 10)) for t in range(4)]
+    assert len(a.devices) == 40 and a.level1_devices == [list(range(t * 10, t * 10 + 10)) for t in range(4)]
     assert all(np.array_equal(x.x_train, y.x_train) for x, y in zip(a.devices, b.devices, strict=True))
     assert not np.array_equal(a.devices[0].x_train, c.devices[0].x_train)
     ds = cfg["dataset"]

@@ -29,7 +29,7 @@ def test_payload_is_hfls_federation(ref) -> None:  # noqa: ANN001
     payload = ref.reference_payload(cfg)
     fed = build_federation(cfg["dataset"], cfg["topology"], 3)
     assert payload["clients"] == list(range(6))
-    assert payload["groups"] == [list(t) for t in fed.teams] and sorted(sum(payload["groups"], [])) == list(range(6))
+    assert payload["groups"] == [list(t) for t in fed.level1_devices] and sorted(sum(payload["groups"], [])) == list(range(6))
     for d in range(6):
         for split in ("train", "test"):
             x, y = getattr(fed.devices[d], f"x_{split}"), getattr(fed.devices[d], f"y_{split}")

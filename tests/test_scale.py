@@ -68,9 +68,9 @@ def test_lazy_devices_equal_the_eager_build(dataset, lazy):
     for d in (0, 5, 20, -1):
         assert_same_device(lazy_fed.devices[d], eager_fed.devices[d])
     assert [x.device_id for x in lazy_fed.devices[3:6]] == [3, 4, 5]
-    assert (lazy_fed.teams, lazy_fed.input_shape, lazy_fed.num_classes, lazy_fed.device_clusters) == (
-        eager_fed.teams, eager_fed.input_shape, eager_fed.num_classes, eager_fed.device_clusters)
-    assert lazy_fed.tree.teams == eager_fed.tree.teams and lazy_fed.device_classes is None
+    assert (lazy_fed.level1_devices, lazy_fed.input_shape, lazy_fed.num_classes, lazy_fed.device_clusters) == (
+        eager_fed.level1_devices, eager_fed.input_shape, eager_fed.num_classes, eager_fed.device_clusters)
+    assert lazy_fed.tree.level1_devices == eager_fed.tree.level1_devices and lazy_fed.device_classes is None
     with pytest.raises(IndexError):
         lazy_fed.devices[21]
 

@@ -38,7 +38,7 @@ def direct_permfl(cfg: dict) -> tuple[list[np.ndarray], dict[int, list[np.ndarra
     personal: dict[int, list[np.ndarray]] = {}
     for _ in range(cfg["global_rounds"]):
         team_models = []
-        for team in fed.teams:
+        for team in fed.level1_devices:
             w = x
             for _ in range(alg["team_rounds"]):
                 thetas = []
@@ -118,13 +118,13 @@ def test_device_state_survives_a_fresh_node(small_cfg, tmp_path):
     node = build_level1_node(cfg, 0, tmp_path)
     node.fit(x, {})
     fresh = build_level1_node(cfg, 0, tmp_path)
-    first = fresh.children.all()["%06d" % fed.teams[0][0]].client.numpy_client.device  # type: ignore[attr-defined]
+    first = fresh.children.all()["%06d" % fed.level1_devices[0][0]].client.numpy_client.device  # type: ignore[attr-defined]
     assert first.personal is not None and first.sampler.pos > 0
     direct_loss, direct_correct, n = first.trainer.evaluate(first.personal, first.x_test, first.y_test)
     _, _, metrics = fresh.evaluate(x, {})
     per_device = {d: (c, k) for d, c, k in json.loads(metrics["pm_devices"])}
     assert per_device[first.device_id] == (direct_correct, n)
-    assert metrics["level1_n"] == metrics["gm_n"] == sum(len(fed.devices[d].y_test) for d in fed.teams[0])
+    assert metrics["level1_n"] == metrics["gm_n"] == sum(len(fed.devices[d].y_test) for d in fed.level1_devices[0])
 
 
 def test_fedavg_and_hierfavg_run_on_the_tree(small_cfg, tmp_path):
@@ -150,7 +150,7 @@ def test_dead_device_is_counted_and_the_team_round_goes_on(small_cfg, tmp_path):
     fed = federation_for(cfg)
     x = initial_model(cfg, fed)
     node = build_level1_node(cfg, 0, tmp_path)
-    _kill_device(node, fed.teams[0][0])
+    _kill_device(node, fed.level1_devices[0][0])
     model, _, metrics = node.fit(x, {})
     assert metrics["device_failures"] == cfg["algorithm"]["team_rounds"]  # once per team round
     assert all(np.all(np.isfinite(a)) for a in model)
@@ -161,11 +161,11 @@ def test_team_round_without_enough_devices_fails_instead_of_returning_a_stale_mo
     cfg = small_cfg("algorithm.min_fit_fraction=1.0")
     fed = federation_for(cfg)
     node = build_level1_node(cfg, 0, tmp_path)
-    _kill_device(node, fed.teams[0][1])
+    _kill_device(node, fed.level1_devices[0][1])
     with pytest.raises(RuntimeError, match="no model aggregated from 2 results .0 rejected") as raised:
         node.fit(initial_model(cfg, fed), {})
     # the cause, not only a count: what the run's summary line shows when every device fails
-    assert f"first failure: ConnectionError('device {fed.teams[0][1]} is gone')" in str(raised.value)
+    assert f"first failure: ConnectionError('device {fed.level1_devices[0][1]} is gone')" in str(raised.value)
 
 
 def test_diverging_devices_are_rejected_and_the_run_stops_loudly(small_cfg, tmp_path):

@@ -69,8 +69,8 @@ def test_by_label_devices_only_hold_their_team_labels(name):
     data = {"name": "synthetic", "partition": "classes", "classes_per_device": 2, "min_per_class": 1,
             "min_samples": 100}
     fed = build_federation(data, topo, seed=0)
-    assert fed.teams == [list(range(10)), list(range(10, 20))]
-    for t, team in enumerate(fed.teams):
+    assert fed.level1_devices == [list(range(10)), list(range(10, 20))]
+    for t, team in enumerate(fed.level1_devices):
         for j, device in enumerate(team):
             d = fed.devices[device]
             held = set(d.y_train.tolist()) | set(d.y_test.tolist())
@@ -110,7 +110,7 @@ def test_shipped_topology_configs():
         teams = form_teams(n, cfg, seed=0)
         assert sorted(d for t in teams for d in t) == list(range(n))
         tree = form_tree(n, cfg, seed=0)
-        assert tree.teams == teams and tree.num_devices == n
+        assert tree.level1_devices == teams and tree.num_devices == n
         assert tree.depth == (3 if name == "tree" else 2)
 
 
@@ -123,7 +123,7 @@ def test_form_tree_keeps_three_tier_teams():
         n = num_devices(cfg) if cfg.get("devices_per_team") or cfg["formation"] == "explicit" else 10
         for seed in (0, 1):
             tree = form_tree(n, cfg, seed)
-            assert tree.depth == 2 and tree.teams == form_teams(n, cfg, seed)
+            assert tree.depth == 2 and tree.level1_devices == form_teams(n, cfg, seed)
             assert [tree.devices(p) for p in tree.nodes_at(1)] == form_teams(n, cfg, seed)
 
 

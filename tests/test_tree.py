@@ -53,8 +53,8 @@ def test_fanout_2_3_5_shape():
     assert sorted(every) == list(range(30))  # every device exactly once
     assert tree.devices_under(ROOT) == list(range(30))
     assert tree.devices_under("0") == sorted(d for p in ("0.0", "0.1", "0.2") for d in tree.devices(p))
-    assert tree.teams == [tree.devices_under("0"), tree.devices_under("1")]
-    assert [len(t) for t in tree.teams] == [15, 15]
+    assert tree.level1_devices == [tree.devices_under("0"), tree.devices_under("1")]
+    assert [len(t) for t in tree.level1_devices] == [15, 15]
     with pytest.raises(ValueError):
         tree.nodes_at(3)  # devices are not servers
 
@@ -72,7 +72,7 @@ def test_fanout_k_m_equals_random_formation_teams():
         random = {"formation": "random", "num_teams": 4, "devices_per_team": 10, "team_labels": None, "teams": None}
         tree = from_fanout([4, 10], seed)
         assert tree.depth == 2
-        assert tree.teams == form_teams(40, random, seed)  # same teams, same order
+        assert tree.level1_devices == form_teams(40, random, seed)  # same teams, same order
         assert [tree.devices(p) for p in tree.nodes_at(1)] == form_teams(40, random, seed)
         assert form_tree(40, random, seed) == tree
         assert form_tree(40, tree_cfg([4, 10]), seed) == tree
@@ -86,7 +86,7 @@ def test_fanout_tree_is_seeded():
     random6 = form_teams(30, {"formation": "random", "num_teams": 6, "devices_per_team": 5}, seed=0)
     assert sorted(a.devices(p) for p in a.nodes_at(2)) == sorted(random6)
     # the level-1 grouping is seeded too
-    groupings = {tuple(map(tuple, from_fanout([2, 2, 3], s).teams)) for s in range(10)}
+    groupings = {tuple(map(tuple, from_fanout([2, 2, 3], s).level1_devices)) for s in range(10)}
     assert len(groupings) > 1
 
 
@@ -108,14 +108,14 @@ def test_deeper_fanout_and_fanout_of_one():
     assert [len(tree.nodes_at(level)) for level in range(4)] == [1, 2, 2, 6]
     assert all(len(tree.devices(p)) == 2 for p in tree.nodes_at(3))
     assert sorted(d for p in tree.nodes_at(3) for d in tree.devices(p)) == list(range(12))
-    assert from_fanout([1, 4], 0).teams == [[0, 1, 2, 3]]
+    assert from_fanout([1, 4], 0).level1_devices == [[0, 1, 2, 3]]
 
 
 def test_from_teams_is_depth_two():
     tree = from_teams([[0, 3], [1, 2, 4]])
     assert tree.depth == 2 and tree.num_devices == 5
     assert tree.nodes_at(1) == ["0", "1"] and tree.is_lowest("1")
-    assert tree.devices("0") == [0, 3] and tree.teams == [[0, 3], [1, 2, 4]]
+    assert tree.devices("0") == [0, 3] and tree.level1_devices == [[0, 3], [1, 2, 4]]
     assert tree.children(ROOT) == ["0", "1"]
     assert tree == Tree(((0, 3), (1, 2, 4)))
 
@@ -123,13 +123,13 @@ def test_from_teams_is_depth_two():
 def test_explicit_nested_trees_including_uneven_fanout():
     tree = from_nested([[[0, 1], [2, 3]], [[4, 5], [6, 7]]])
     assert tree.depth == 3 and tree.num_devices == 8
-    assert tree.devices("1.0") == [4, 5] and tree.teams == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert tree.devices("1.0") == [4, 5] and tree.level1_devices == [[0, 1, 2, 3], [4, 5, 6, 7]]
     uneven = from_nested([[[5, 0], [2]], [[1, 4, 3]], [[6], [7], [8, 9]]])
     assert uneven.depth == 3 and uneven.num_devices == 10
     assert uneven.children("0") == ["0.0", "0.1"] and uneven.children("1") == ["1.0"]
     assert uneven.children("2") == ["2.0", "2.1", "2.2"]
     assert uneven.devices("0.0") == [0, 5]  # sorted within a server
-    assert uneven.teams == [[0, 2, 5], [1, 3, 4], [6, 7, 8, 9]]
+    assert uneven.level1_devices == [[0, 2, 5], [1, 3, 4], [6, 7, 8, 9]]
     assert uneven.nodes_at(2) == ["0.0", "0.1", "1.0", "2.0", "2.1", "2.2"]
     assert from_nested([[0, 1], [2]]).depth == 2
     deep = from_nested([[[[0]], [[1, 2]]]])
@@ -144,7 +144,7 @@ def test_topology_tree_num_devices_and_form_tree():
     assert num_devices(cfg) == 30
     tree = form_tree(30, cfg, seed=0)
     assert tree == from_fanout([2, 3, 5], 0)
-    assert form_teams(30, cfg, seed=0) == tree.teams
+    assert form_teams(30, cfg, seed=0) == tree.level1_devices
     nested = tree_cfg(nodes=[[[0, 1], [2, 3]], [[4, 5], [6, 7]]])
     assert num_devices(nested) == 8
     assert form_tree(8, nested, seed=0).devices("1.1") == [6, 7]
@@ -155,7 +155,7 @@ def test_topology_tree_num_devices_and_form_tree():
     explicit = {"formation": "explicit", "teams": [[3, 0], [1, 2, 4]], "num_teams": None, "devices_per_team": None}
     assert form_tree(5, explicit, 0) == from_teams([[0, 3], [1, 2, 4]])
     by_label = {"formation": "by_label", "num_teams": 2, "devices_per_team": 3, "team_labels": [[0, 1], [2, 3]]}
-    assert form_tree(6, by_label, 0).teams == [[0, 1, 2], [3, 4, 5]] and form_tree(6, by_label, 0).depth == 2
+    assert form_tree(6, by_label, 0).level1_devices == [[0, 1, 2], [3, 4, 5]] and form_tree(6, by_label, 0).depth == 2
 
 
 @pytest.mark.parametrize(

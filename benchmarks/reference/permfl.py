@@ -103,7 +103,7 @@ def reference_payload(cfg: dict) -> dict:
                     "y": dev.y_train.numpy().astype("int64")}
         test[d] = {"x": dev.x_test.numpy().reshape(len(dev.y_test), -1).astype("float32"),
                    "y": dev.y_test.numpy().astype("int64")}
-    return {"clients": list(range(len(fed.devices))), "groups": [list(map(int, t)) for t in fed.teams],
+    return {"clients": list(range(len(fed.devices))), "groups": [list(map(int, t)) for t in fed.level1_devices],
             "train": train, "test": test, "num_classes": int(fed.num_classes)}
 
 

@@ -1,5 +1,5 @@
 """build_federation: dataset + partition + tree formation -> per-device tensors (train, optional
-validation, test), the tree and its teams, and the optional proxy pool
+validation, test), the tree and its level-1 nodes' devices, and the optional proxy pool
 (``dataset.proxy_fraction``); proxy_data: a server's proxy samples.
 
 Generated data split by its natural partition (every device its own generated samples) is made
@@ -156,8 +156,8 @@ class Federation:
     # devices[i].device_id == i: a list, or LazyDevices (each made when asked for; generated
     # data with partition=natural), which nothing should iterate in a normal run
     devices: Sequence[DeviceData]
-    teams: list[list[int]]  # team index -> sorted device ids (== tree.teams)
-    tree: Tree  # the whole hierarchy; teams are its level-1 nodes
+    level1_devices: list[list[int]]  # level-1 node index -> its sorted device ids (== tree.level1_devices)
+    tree: Tree  # the whole hierarchy
     proxy_x: torch.Tensor | None = None  # proxy pool (dataset.proxy_fraction > 0): float, like device data
     proxy_y: torch.Tensor | None = None  # int64; None when dataset.proxy_fraction is 0
     # The classes each device was dealt (sorted; `classes`, `roundrobin`, `clusterwise` and
@@ -336,7 +336,7 @@ def _load_vision(cfg: Mapping, name: str):
 
 # ---------------------------------------------------------------- building
 def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> Federation:
-    """Load ``dataset_cfg``, split it among the devices of ``topology_cfg`` and form the teams.
+    """Load ``dataset_cfg``, split it among the devices of ``topology_cfg`` and form the tree.
 
     Deterministic in ``seed``: every random stream is derived from it via hfl.seed.
     """
@@ -345,7 +345,7 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
         raise ConfigError("dataset.name", f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
     num_devices = topology.num_devices(topology_cfg)
     tree = topology.form_tree(num_devices, topology_cfg, seed)
-    teams = tree.teams
+    level1 = tree.level1_devices
     by_label = topology_cfg.get("formation") == "by_label"
 
     partition = _choice(dataset_cfg, "partition", "natural" if name in GENERATED else "classes", PARTITIONS, "partition")
@@ -393,7 +393,7 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
                 raise ConfigError(
                     "dataset.classes_per_device", f"is {k} but team {t} has only {len(team)} labels in topology.team_labels"
                 )
-        device_classes = classes_of_devices(num_devices, num_classes, k, teams, labels)
+        device_classes = classes_of_devices(num_devices, num_classes, k, level1, labels)
         parts = partition_by_classes(y, device_classes, min_per_class, size_sigma, seed)
         too_small_key = "dataset.min_per_class"
     elif partition == "roundrobin":
@@ -431,7 +431,7 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
         cache_bytes = None if cache is None else int(check_number("dataset.cache_mb", cache, minimum=0) * 2**20)
         devices: Sequence[DeviceData] = LazyDevices(num_devices, NaturalDevice(source, train_fraction, val_fraction, seed),
                                                     cache_bytes)
-        return Federation(name, tuple(input_shape), num_classes, devices, teams, tree, None, None, None, device_clusters)
+        return Federation(name, tuple(input_shape), num_classes, devices, level1, tree, None, None, None, device_clusters)
 
     for d, idx in enumerate(parts):
         refuse_too_few(too_small_key, d, len(idx), name, partition)
@@ -452,7 +452,7 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
 
     devices = [split_device(d, x, y, idx, train_fraction, val_fraction, seed, to_float) for d, idx in enumerate(parts)]
     sorted_classes = None if device_classes is None else [sorted(cs) for cs in device_classes]
-    return Federation(name, tuple(input_shape), num_classes, devices, teams, tree, proxy_x, proxy_y, sorted_classes,
+    return Federation(name, tuple(input_shape), num_classes, devices, level1, tree, proxy_x, proxy_y, sorted_classes,
                       device_clusters)
 
 

@@ -143,7 +143,7 @@ def form_teams(num_devices: int, topology_cfg: Mapping, seed: int) -> list[list[
     For formation ``tree``: the devices under each level-1 node."""
     formation = _formation(topology_cfg)
     if formation == "tree":
-        return form_tree(num_devices, topology_cfg, seed).teams
+        return form_tree(num_devices, topology_cfg, seed).level1_devices
     if formation == "explicit":
         return _form_explicit(num_devices, topology_cfg)
 

@@ -189,8 +189,8 @@ class Tree:
         return level_of(path) == self.depth - 1
 
     @property
-    def teams(self) -> list[list[int]]:
-        """``devices_under`` of every level-1 node, in order (the 3-tier engine's teams)."""
+    def level1_devices(self) -> list[list[int]]:
+        """``devices_under`` of every level-1 node, in order (a 3-tier run's teams)."""
         return [self.devices_under(p) for p in self._levels[1]]
 
     @property
