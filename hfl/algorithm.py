@@ -118,9 +118,6 @@ class ServerRule:
     """
 
     reply_kind: ClassVar[str] = "model"  # what an inner node's reply is: "model" or "gradient" (hfl.rules.payload)
-    # Whether inner nodes keep state between calls, or need more than their parent's payload
-    # (the deployment's team runs carry neither yet: hfl.config.checks refuses such an algorithm there).
-    node_state: ClassVar[bool] = False
     # Whether the node step is a weighted merge of the children's models, so that a stale reply can be
     # merged as a weighted delta (hfl.clock.policy): the deadline and buffered policies need it.
     merges_replies: ClassVar[bool] = False

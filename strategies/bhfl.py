@@ -172,7 +172,6 @@ class BHFLServer(ServerRule):
     broadcast, merge up). ``state`` is what the node keeps for its next call (at the root: for
     its next round)."""
 
-    node_state = True
     merges_replies = True  # the up merge takes the children's weighted mean (residual edges aside: hfl.clock.checks)
 
     check_config = staticmethod(check_config)  # the module's checks, above

@@ -306,8 +306,6 @@ class FemamServer(ServerRule):
     lowest node hands each device its own start model (and the model to freeze), then relays
     what the root needs: validation rows and, at cluster levels, every device's model."""
 
-    node_state = True
-
     check_config = staticmethod(check_config)  # the module's checks, above
     check_federation = staticmethod(check_federation)
 
