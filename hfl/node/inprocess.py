@@ -155,8 +155,10 @@ def client_manager_of(proxies: list[ClientProxy]) -> SimpleClientManager:
 
 # Counters a node adds up over its subtree (its children's replies carry theirs).
 # fit_test_*: devices' own test of the model they trained this round (the PFLEGO paper's figure).
+# bytes_*_team and compute_seconds: a level-1 node's totals, which the root records (a node's own override them).
 SUBTREE_COUNTERS = ("bytes_down_level", "bytes_up_level", "failures_level", "device_failures", "rejected", "fit_test_",
-                    "late_level", "stale_level", "merged_rounds_level", "empty_rounds_level")
+                    "late_level", "stale_level", "merged_rounds_level", "empty_rounds_level",
+                    "bytes_down_team", "bytes_up_team", "compute_seconds")
 
 
 @dataclass
@@ -246,7 +248,6 @@ def run_fit_rounds(
     fit_many: FitMany = fit_one_by_one,
     timer: NodeTimer | None = None,
     first_round: int = 1,
-    on_reply: Callable[[FitRes], None] | None = None,
 ) -> tuple[Parameters, RoundsReport]:
     """``num_rounds`` rounds of configure_fit -> client.fit -> aggregate_fit, in order: the round
     loop of every node, the root included (one global round a call, ``first_round`` its number).
@@ -258,9 +259,8 @@ def run_fit_rounds(
     calls the round's children (one by one, or a lowest node's devices batched). With a ``timer``
     (simulated time, hfl.clock), each reply reaches the node at its simulated time and the level's
     policy decides which replies a round merges (sync: all; deadline, buffered: hfl.clock.policy).
-    ``on_reply`` sees every reply whose subtree's counters count this round (the root's recorder
-    counts its own names from them); the strategy's ``merge_reference`` (if it has one) is the model
-    stale replies are merged against, else the round's starting model.
+    The strategy's ``merge_reference`` (if it has one) is the model stale replies are merged against,
+    else the round's starting model.
     """
     report = RoundsReport()
     parameters = strategy.initialize_parameters(manager)
@@ -286,8 +286,6 @@ def run_fit_rounds(
             for res in outcomes:
                 if isinstance(res, FitRes) and res.status.code == Code.OK:
                     report.add_child_counters(res.metrics)
-                    if on_reply is not None:
-                        on_reply(res)
             reference = getattr(strategy, "merge_reference", None)
             closed, timing = timer.close(calls, outcomes, reference() if reference else decode(parameters))
             report.add_timing(timing)
@@ -308,8 +306,6 @@ def run_fit_rounds(
             report.bytes_up += payload_nbytes(res.parameters)
             if timer is None:
                 report.add_child_counters(res.metrics)
-                if on_reply is not None:
-                    on_reply(res)
             results.append((proxy, res))
         report.failures += len(failures)  # in every round of every policy, merged or not
         if timer is not None and not results and (timing.pending or not failures):

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 
 import numpy as np
-from flwr.common import EvaluateIns, FitIns, FitRes, GetPropertiesIns, NDArrays, Parameters, Scalar, ndarrays_to_parameters
+from flwr.common import EvaluateIns, FitIns, GetPropertiesIns, NDArrays, Parameters, Scalar, ndarrays_to_parameters
 from flwr.common.logger import log as flwr_log
 from flwr.server import History, Server
 from flwr.server.client_manager import ClientManager
@@ -163,9 +163,15 @@ class RootStrategy(Strategy):
 
         _, report = run_fit_rounds(self, client_manager_of(children), 1,
                                    lambda _, __: self._asked(children, drawn, server_round), "", extra or None,
-                                   fit_many, self.timer, first_round=server_round, on_reply=self._count_reply)
+                                   fit_many, self.timer, first_round=server_round)
         self._round["bytes_down_global"] += report.bytes_down
         self._round["bytes_up_global"] += report.bytes_up
+        # The subtrees' counters, as the loop added them up for every node (hfl.node.inprocess.SUBTREE_COUNTERS),
+        # under the root's recorded names; their sample records after the root's own.
+        self._count_child_report(report.subtree)
+        self._round["failures"] += int(report.subtree.get("device_failures", 0))
+        if report.child_samples:
+            self._round.setdefault("samples", []).append(json.dumps(report.child_samples))
         rejected = int(report.metrics[-1].get("rejected", 0)) if report.merged_rounds else 0
         self._round["failures"] += report.failures + rejected
         self._round["failures_level1"] = self._round.get("failures_level1", 0) + report.failures + rejected
@@ -272,18 +278,6 @@ class RootStrategy(Strategy):
             self._round[key] = sum(int(res.metrics.get(key, 0)) for _, res in results)
         self.current = self.rule.aggregate(self.current, Replies(server_round, str(server_round), accepted))
         return ndarrays_to_parameters(self.current), {"rejected": rejected}
-
-    def _count_reply(self, res: FitRes) -> None:
-        """A level-1 reply whose subtree's counters count this round (hfl.clock: when it computed them,
-        whether its reply is merged now, later or never): its counters, sample records and failures."""
-        self._count_child_report(res.metrics)
-        self._count_subtree(res)
-
-    def _count_subtree(self, res: FitRes) -> None:
-        """A level-1 reply's sample records and its subtree's failures, counted once."""
-        if res.metrics.get("samples"):
-            self._round.setdefault("samples", []).append(str(res.metrics["samples"]))
-        self._round["failures"] += int(res.metrics.get("device_failures", 0))
 
     def _save(self) -> None:
         clock = {}
