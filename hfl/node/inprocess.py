@@ -37,7 +37,7 @@ from flwr.server.strategy import Strategy
 from hfl.clock.dropped import SimulatedFault
 from hfl.errors import first_failure
 from hfl.node.lockstep import Execute, Lockstep
-from hfl.rules.payload import decode, payload_nbytes
+from hfl.rules.payload import payload_nbytes
 
 if TYPE_CHECKING:
     from hfl.clock.timer import NodeTimer, RoundTiming
@@ -259,8 +259,8 @@ def run_fit_rounds(
     calls the round's children (one by one, or a lowest node's devices batched). With a ``timer``
     (simulated time, hfl.clock), each reply reaches the node at its simulated time and the level's
     policy decides which replies a round merges (sync: all; deadline, buffered: hfl.clock.policy).
-    The strategy's ``merge_reference`` (if it has one) is the model stale replies are merged against,
-    else the round's starting model.
+    Under a clock, stale replies are merged against the strategy's ``merge_reference()``: the node's
+    model as it sent it this round.
     """
     report = RoundsReport()
     parameters = strategy.initialize_parameters(manager)
@@ -286,8 +286,7 @@ def run_fit_rounds(
             for res in outcomes:
                 if isinstance(res, FitRes) and res.status.code == Code.OK:
                     report.add_child_counters(res.metrics)
-            reference = getattr(strategy, "merge_reference", None)
-            closed, timing = timer.close(calls, outcomes, reference() if reference else decode(parameters))
+            closed, timing = timer.close(calls, outcomes, strategy.merge_reference())
             report.add_timing(timing)
             by_cid = {proxy.cid: proxy for proxy, _ in calls}
             outcomes = [entry.result for entry in closed.merged + closed.failed]

@@ -10,7 +10,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 
-from flwr.common import FitIns, FitRes, Parameters, Scalar
+from flwr.common import FitIns, FitRes, NDArrays, Parameters, Scalar
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
@@ -107,6 +107,11 @@ class NodeStrategy(Strategy):
                 out.append((proxy, FitIns(LocalParameters(own[0]), {**self.fit_config, **own[1],
                                                                      NODE_ROUND: server_round})))
         return out
+
+    def merge_reference(self) -> NDArrays:
+        """What a stale reply is merged against (hfl.clock): the node's model as it sent it this round,
+        after ``prepare`` (e.g. B-HFL's proxy training), as at the root."""
+        return self.current
 
     def aggregate_fit(
         self,
