@@ -54,7 +54,7 @@ CLOCK = ["clock.enabled=true", "clock.speed.distribution=lognormal", "clock.spee
          "algorithm.local_steps=10", "dataset=synthetic", "model=mclr", "runtime=inprocess", "eval_every=1"]
 TREES = {"3tier": ("[4,25]", 2), "4tier": ("[2,4,12]", 3)}  # fanout, depth
 ALGORITHMS = {"fedavg": ["algorithm=fedavg"],
-              "hierfavg": ["algorithm=hierfavg", "++algorithm.any_depth=true", "algorithm.team_rounds=2"],
+              "hierfavg": ["algorithm=hierfavg", "algorithm.team_rounds=2"],
               # B-HFL's own settings (its defaults are HierFAVG): Adam up, a partial merge down, persistent devices
               "bhfl": ["algorithm=bhfl", "algorithm.team_rounds=2", "algorithm.up.optimizer=adam", "algorithm.up.lr=0.01",
                        "algorithm.down.optimizer=sgd", "algorithm.down.lr=0.5"]}

@@ -13,8 +13,8 @@ then ``hfl-report <the runs of that setting> --out <out>/report/<setting>``.
 Variants (``algorithm.name=<variant>`` makes the variant the run's algorithm name in summary.json,
 which is the row label of hfl-report; the name is a label only, nothing dispatches on it):
 
-* ``hierfavg``: algorithm=hierfavg (``++algorithm.any_depth=true``: hierfavg.yaml is declared for
-  three tiers; on a deeper tree it runs team_rounds at the lowest servers and 1 round above)
+* ``hierfavg``: algorithm=hierfavg (its rule, FedAvgServer, is defined on any tree: on a deeper
+  tree it runs team_rounds at the lowest servers and 1 round above)
 * ``bhfl_fedavg``: algorithm=bhfl, its defaults (up = sgd lr 1, down = replace)
 * ``bhfl_adam_partial``: up = adam lr 0.01, down = sgd lr 0.5
 * ``bhfl_adam_partial_nopersist``: as bhfl_adam_partial, algorithm.persistent_devices=false
@@ -56,8 +56,7 @@ FANOUT = "[2,3,10]"  # root -> 2 regions -> 3 teams each -> 10 devices each
 ADAM_PARTIAL = ["algorithm=bhfl", "algorithm.up.optimizer=adam", "algorithm.up.lr=0.01",
                 "algorithm.down.optimizer=sgd", "algorithm.down.lr=0.5"]
 VARIANTS: dict[str, list[str]] = {
-    # hierfavg.yaml lacks any_depth (three tiers only); ++ adds or sets it
-    "hierfavg": ["algorithm=hierfavg", "++algorithm.any_depth=true"],
+    "hierfavg": ["algorithm=hierfavg"],
     "bhfl_fedavg": ["algorithm=bhfl"],
     "bhfl_adam_partial": ADAM_PARTIAL,
     "bhfl_adam_partial_nopersist": ADAM_PARTIAL + ["algorithm.persistent_devices=false"],

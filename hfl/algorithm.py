@@ -3,8 +3,9 @@ does with its parent's message and with its children's replies.
 
 An algorithm is three things (DESIGN.md): a server rule (a ``ServerRule`` subclass, named
 ``SERVER`` in its strategy module), a device client (``make_client`` in its client module) and
-one config file (``conf/algorithm/<name>.yaml``, whose flags declare what the engine must provide:
-``any_depth``, ``personalized``, ``global_model``, ``level_models``, ``pm_base``, ``batched``...).
+one config file (``conf/algorithm/<name>.yaml``, its hyper-parameters). What the algorithm *is* —
+``any_depth``, ``personalized``, ``global_model``, ``level_models``, ``pm_base``, ``personal_heads``,
+``reply_kind`` — are class attributes of its ``ServerRule``, read by the engine from the class.
 
 The engine (hfl.node.strategy for inner nodes, hfl.node.root for the root) builds one rule per call of a
 node — the root's one call is the whole run — from an explicit ``NodeContext``: the node's path
@@ -117,7 +118,15 @@ class ServerRule:
     root, evaluation rounds also call ``evaluation_message`` and ``evaluation_metrics``.
     """
 
+    # ---- what the algorithm is: its nature, read by the engine from the class (never a config key:
+    # hfl.config.schema.NATURE_KEYS refuses algorithm.<name> in a config). A subclass overrides them.
     reply_kind: ClassVar[str] = "model"  # what an inner node's reply is: "model" or "gradient" (hfl.rules.payload)
+    personalized: ClassVar[bool] = False  # devices keep a model of their own: PM is tested
+    global_model: ClassVar[bool] = True  # the root's model is a predictor: GM is tested (see has_global_model)
+    level_models: ClassVar[bool] = True  # servers keep models that predict (false: gradient relays, cluster sums)
+    pm_base: ClassVar[str | None] = None  # "gm": a device's PM is the root's model completed by the device's own part
+    any_depth: ClassVar[bool] = False  # defined on any tree (false: three tiers only, root / servers / devices)
+    personal_heads: ClassVar[bool] = False  # heads stay on devices, each of its own size K_i (algorithm.local_labels)
     # Whether the node step is a weighted merge of the children's models, so that a stale reply can be
     # merged as a weighted delta (hfl.clock.policy): the deadline and buffered policies need it.
     merges_replies: ClassVar[bool] = False
@@ -125,6 +134,12 @@ class ServerRule:
     # or of one of its subclasses there, every field MISSING): registered as /schema/algorithm/<name>
     # for the config file that names it in its defaults list. None: the file names a schema of hfl's.
     schema: ClassVar[type | None] = None
+
+    @classmethod
+    def has_global_model(cls, alg: Mapping[str, Any]) -> bool:
+        """Whether the root's model is a predictor the evaluation tests (GM): ``global_model``,
+        unless the algorithm's own keys decide it (FeMAM's levels)."""
+        return cls.global_model
 
     # ---- checks, before training (raise hfl.errors.ConfigError naming the key)
     @classmethod

@@ -173,6 +173,8 @@ class BHFLServer(ServerRule):
     its next round)."""
 
     merges_replies = True  # the up merge takes the children's weighted mean (residual edges aside: hfl.clock.checks)
+    personalized = True  # PM = each device's persistent model
+    any_depth = True  # the proposal's tree is of any depth
 
     check_config = staticmethod(check_config)  # the module's checks, above
     check_federation = staticmethod(check_federation)

@@ -17,6 +17,8 @@ from strategies.fedavg import FedAvgServer
 
 
 class DemLearnServer(FedAvgServer):
+    personalized = True  # PM = the device models c
+    any_depth = False  # the fixed team tree: three tiers
     keys = ("mu", "mix")
 
     def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:

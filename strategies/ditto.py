@@ -4,6 +4,7 @@ from strategies.fedavg import FedAvgServer
 
 
 class DittoServer(FedAvgServer):
+    personalized = True  # PM = v
     keys = ("lam",)
 
 

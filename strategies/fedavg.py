@@ -18,6 +18,7 @@ class FedAvgServer(ServerRule):
 
     keys: ClassVar[tuple[str, ...]] = ()
     merges_replies = True
+    any_depth = True  # sample-weighted means compose exactly on any tree
 
     def fit_config(self) -> dict[str, Scalar]:
         alg = self.alg

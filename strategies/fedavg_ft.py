@@ -17,6 +17,8 @@ from strategies.fedavg import FedAvgServer
 
 
 class FedAvgFTServer(FedAvgServer):
+    personalized = True  # PM = the global model, fine-tuned by each device
+    pm_base = "gm"  # evaluation sends the GM as the PM's base (clients/fedavg_ft.py)
     keys = ("finetune_epochs", "finetune_lr")
 
     @classmethod
@@ -29,11 +31,6 @@ SERVER = FedAvgFTServer
 
 def check_fine_tuning(alg: Mapping[str, Any]) -> None:
     check_keys(alg, finetune_epochs={"integer": True, "minimum": 0}, finetune_lr={"minimum": 0, "open_min": True})
-    fixed = {"personalized": True, "pm_base": "gm"}
-    for key, value in fixed.items():
-        if alg.get(key) != value:
-            raise ConfigError(f"algorithm.{key}", f"FedAvg+ needs {value!r} here (its PM is the global model, "
-                                                  f"fine-tuned by each device), got {alg.get(key)!r}")
     # A device learns its fine-tuning settings from its training rounds (the evaluation message
     # carries only the model): one never asked to train would have none to test with.
     fraction = alg.get("sample_fraction", 1.0)

@@ -4,6 +4,8 @@ from strategies.fedavg import FedAvgServer
 
 
 class FedRepServer(FedAvgServer):
+    personalized = True  # PM = [shared body, own head]
+    global_model = False  # PM only
     keys = ("head_layers", "head_steps")
 
 

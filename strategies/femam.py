@@ -80,7 +80,7 @@ def check_config(alg: Mapping[str, Any]) -> None:
                kmeans_n_init={"integer": True, "minimum": 1})
     if alg.get("local_epochs") is not None:
         check_keys(alg, local_epochs={"integer": True, "minimum": 1})
-    fixed = {"team_rounds": 1, "sampling": "children", "sample_fraction": 1.0, "level_models": False, "weighted": True}
+    fixed = {"team_rounds": 1, "sampling": "children", "sample_fraction": 1.0, "weighted": True}
     for key, value in fixed.items():
         if alg.get(key, value) != value:
             raise ConfigError(f"algorithm.{key}", f"FeMAM needs {value!r} here (full participation, one round per "
@@ -305,6 +305,16 @@ class FemamServer(ServerRule):
     """The root runs the schedule (FemamRoot). An inner node forwards the root's payload; the
     lowest node hands each device its own start model (and the model to freeze), then relays
     what the root needs: validation rows and, at cluster levels, every device's model."""
+
+    personalized = True  # PM = the mean of the client's kept levels' outputs
+    level_models = False  # servers relay; their means are no predictors of their own
+    any_depth = True  # the root clusters relayed device models: any tree gives the flat run's models
+
+    @classmethod
+    def has_global_model(cls, alg: Mapping[str, Any]) -> bool:
+        """GM = the level-1 model, where level 1 is one global group (FeMAM; not FeSEM's K centres)."""
+        levels = alg["levels"]
+        return bool(levels) and level_kind(0, int(levels[0]), alg.get("team_level")) == GLOBAL
 
     check_config = staticmethod(check_config)  # the module's checks, above
     check_federation = staticmethod(check_federation)

@@ -42,8 +42,6 @@ COUNTS = "counts"  # an inner node's reply part: the weight behind each cluster'
 class IfcaConfig(HierFAVGConfig):
     """IFCA's keys (conf/algorithm/ifca.yaml), registered as /schema/algorithm/ifca."""
 
-    global_model: bool = MISSING
-    level_models: bool = MISSING
     num_clusters: int = MISSING  # K
 
 
@@ -98,13 +96,14 @@ class IfcaServer(ServerRule):
     models (cluster 0 as its model, the others in its stored state)."""
 
     schema = IfcaConfig
+    personalized = True  # PM = the cluster model a device picks (by its training loss)
+    global_model = False  # K models, none of them the global one
+    level_models = False  # servers hold per-cluster sums, no model of their own
+    any_depth = True  # per-cluster weighted means compose up the tree
 
     @classmethod
     def check_config(cls, alg: Mapping[str, Any]) -> None:
         check_keys(alg, num_clusters={"integer": True, "minimum": 1})
-        if alg.get("global_model") or alg.get("level_models"):
-            key = "algorithm.global_model" if alg.get("global_model") else "algorithm.level_models"
-            raise ConfigError(key, "IFCA's servers hold K cluster models, none of them a model to test: set it false")
 
     @classmethod
     def check_federation(cls, cfg: Mapping[str, Any], fed: Any) -> None:

@@ -52,6 +52,9 @@ def step_sizes(alg: Mapping[str, Any]) -> dict[str, float]:
 class L2GDServer(FedAvgServer):
     """FedAvg's means; the servers also send the devices the step sizes."""
 
+    personalized = True  # PM = the device models
+    any_depth = False  # three tiers only
+
     @classmethod
     def check_config(cls, alg: Mapping[str, Any]) -> None:
         step_sizes(alg)

@@ -5,6 +5,8 @@ from strategies.fedavg import FedAvgServer
 
 
 class PerFedAvgServer(FedAvgServer):
+    personalized = True  # PM = the global model after one alpha-step
+    any_depth = False  # three tiers only
     keys = ("beta", "variant", "delta")
 
     @classmethod

@@ -28,6 +28,8 @@ class PerMFLServer(ServerRule):
     """Algorithm 1: a team moves by ``team_update`` toward its devices' mean and its parent's
     model x; the root by ``global_update`` toward the teams' mean."""
 
+    personalized = True  # devices keep theta, their PM (three tiers only: any_depth stays false)
+
     @classmethod
     def check_config(cls, alg: Mapping[str, Any]) -> None:
         check_keys(alg, eta={"minimum": 0}, lam={"minimum": 0}, gamma={"minimum": 0}, beta={"minimum": 0})

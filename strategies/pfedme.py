@@ -12,6 +12,8 @@ from strategies.fedavg import FedAvgServer
 
 
 class PFedMeServer(FedAvgServer):
+    personalized = True  # PM = theta
+    any_depth = False  # three tiers only
     keys = ("lam", "personal_lr", "inner_steps")
 
     def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:

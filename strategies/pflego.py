@@ -113,7 +113,7 @@ def check_config(alg: Mapping[str, Any]) -> None:
     if alg.get("server_optimizer") not in OPTIMIZERS:
         raise ConfigError("algorithm.server_optimizer",
                           f"unknown {alg.get('server_optimizer')!r}; known: {', '.join(OPTIMIZERS)}")
-    fixed = {"sampling": "devices", "local_labels": True, "weighted": True, "team_rounds": 1, "pm_base": "gm"}
+    fixed = {"sampling": "devices", "local_labels": True, "weighted": True, "team_rounds": 1}
     for key, value in fixed.items():
         if alg.get(key) != value:
             raise ConfigError(f"algorithm.{key}", f"PFLEGO needs {value!r} here, got {alg.get(key)!r}")
@@ -122,7 +122,7 @@ def check_config(alg: Mapping[str, Any]) -> None:
 
 
 def check_federation(cfg: Mapping[str, Any], fed) -> None:  # noqa: ANN001 - hfl.data.Federation
-    model = build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed))
+    model = build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed, PflegoServer.personal_heads))
     if not (hasattr(model, "body") and hasattr(model, "head") and hasattr(model, "feature_dim")):
         raise ConfigError("model.name", f"PFLEGO needs a body and a linear head (model=mlp, pflego_cnn or conv4); "
                                         f"{cfg['model']['name']!r} has none")
@@ -149,7 +149,13 @@ class PflegoServer(ServerRule):
     The root: its optimiser's step on the sampled devices' gradients (adam or eq. 4's sgd), on
     the body alone, the optimiser's state kept in the store with it."""
 
-    reply_kind = "gradient"
+    reply_kind = "gradient"  # servers relay gradients, not models
+    personalized = True  # PM = the root's body + the device's own head
+    global_model = False  # the root's body has no head: no model of its own to test
+    level_models = False  # servers relay gradients, not models
+    pm_base = "gm"  # evaluation sends the root's body; each device completes it with its head
+    any_depth = True  # N-weighted means of gradients: on any tree the root's step is the flat one
+    personal_heads = True  # each head has its device's K_i, so devices may own different numbers of classes
 
     check_config = staticmethod(check_config)  # the module's checks, above
     check_federation = staticmethod(check_federation)
@@ -179,7 +185,7 @@ class PflegoServer(ServerRule):
         stored = model_from_state(ctx.state)
         if stored is not None:
             return stored
-        model = build_model(ctx.cfg["model"], ctx.fed.input_shape, model_classes(ctx.cfg, ctx.fed))
+        model = build_model(ctx.cfg["model"], ctx.fed.input_shape, model_classes(ctx.cfg, ctx.fed, PflegoServer.personal_heads))
         return body_arrays(ctx.payload.main, [n for n, _ in model.named_parameters()])
 
     def fit_config(self) -> dict[str, Scalar]:

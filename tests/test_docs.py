@@ -2,11 +2,13 @@
 link or anchor, a page left out of the nav, an unresolved reference or a module mkdocstrings
 cannot read fails it), and the per-algorithm pages stay in step with ``conf/algorithm/``: one page
 per config file and no other, every key of the file named on its page, every default a page's key
-table gives equal to the config's (inherited keys included), the page's ``any_depth`` statement
-true, and a command that runs the algorithm."""
+table gives equal to the config's (inherited keys included), every row of what the algorithm is
+(``| `FedAvgServer.any_depth` | `true` |``: its server rule's class attribute, hfl.algorithm)
+equal to the class's, the page's ``any_depth`` statement true, and a command that runs the algorithm."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
@@ -51,11 +53,23 @@ def resolved_keys(name: str) -> dict:
     return merged
 
 
+def rule(name: str) -> type:
+    """The algorithm's server rule (``SERVER`` of its strategy module): what it is lives there."""
+    return importlib.import_module(resolved_keys(name)["strategy"]).SERVER
+
+
+def nature(name: str, attribute: str):  # noqa: ANN201 - a class attribute's value
+    """What the algorithm is, as the engine reads it (FeMAM/FeSEM's GM from their levels)."""
+    server = rule(name)
+    return server.has_global_model(resolved_keys(name)) if attribute == "global_model" else getattr(server, attribute)
+
+
 def page(name: str) -> str:
     return (PAGES / f"{name}.md").read_text()
 
 
 ROW = re.compile(r"^\|\s*`([A-Za-z_][A-Za-z0-9_]*)`\s*\|\s*`([^|]*)`\s*\|", re.MULTILINE)
+NATURE_ROW = re.compile(r"^\|\s*`(\w+)\.(\w+)`\s*\|\s*`([^|]*)`\s*\|", re.MULTILINE)  # `Rule.attribute` | `value`
 
 
 def table_defaults(text: str) -> list[tuple[str, str]]:
@@ -97,7 +111,7 @@ def test_nav_lists_every_algorithm_page():
     for name in algorithm_names():  # its last two columns: any_depth, batched
         cells = [c.strip() for c in rows[name].strip().strip("|").split("|")]
         keys = resolved_keys(name)
-        expected = ["true" if keys.get("any_depth", False) else "false", "yes" if keys.get("batched") else "no"]
+        expected = ["true" if rule(name).any_depth else "false", "yes" if keys.get("batched") else "no"]
         if cells[-2:] != expected:
             wrong.append(f"{name}: {cells[-2:]} (config: {expected})")
     assert not wrong, f"docs/algorithms/index.md's any_depth / batched columns: {wrong}"
@@ -128,8 +142,19 @@ def test_page_defaults_match_config(name):
 
 
 @pytest.mark.parametrize("name", algorithm_names())
+def test_page_nature_rows_match_the_rule(name):
+    rows = NATURE_ROW.findall(page(name))
+    wrong = [f"{cls}.{attribute}: page {shown!r}, {rule(name).__name__} {nature(name, attribute)!r}"
+             for cls, attribute, shown in rows
+             if cls != rule(name).__name__ or yaml.safe_load(shown) != nature(name, attribute)]
+    assert not wrong, f"docs/algorithms/{name}.md: " + "; ".join(wrong)
+    shown = {attribute for _, attribute, _ in rows}
+    assert "personalized" in shown, f"docs/algorithms/{name}.md: no `{rule(name).__name__}.personalized` row"
+
+
+@pytest.mark.parametrize("name", algorithm_names())
 def test_page_states_tree_support_and_command(name):
     text = page(name)
-    depth = "true" if resolved_keys(name).get("any_depth", False) else "false"
+    depth = "true" if rule(name).any_depth else "false"
     assert f"`any_depth: {depth}`" in text, f"docs/algorithms/{name}.md must state `any_depth: {depth}`"
     assert f"hfl-simulate algorithm={name}" in text, f"docs/algorithms/{name}.md has no command running it"

@@ -11,7 +11,11 @@ import pytest
 import torch
 
 from clients.fedavg_ft import FedAvgFtClient, finetune, global_round
+from hydra.errors import ConfigCompositionException
+
+from hfl.config import schema
 from hfl.config.checks import validate
+from strategies.fedavg_ft import FedAvgFTServer
 from hfl.device.state import DeviceRuntime
 from hfl.errors import ConfigError
 from hfl.models import build_model
@@ -122,10 +126,12 @@ def test_a_device_that_never_trained_or_got_no_model_says_so():
 
 def test_config_is_fedavgs_plus_the_fine_tuning_keys():
     ft, avg = compose_cfg("algorithm=fedavg_ft")["algorithm"], compose_cfg("algorithm=fedavg")["algorithm"]
-    own = {"name", "strategy", "client", "personalized", "global_model", "pm_base", "finetune_epochs", "finetune_lr"}
+    own = {"name", "strategy", "client", "finetune_epochs", "finetune_lr"}
     assert {k: v for k, v in ft.items() if k not in own} == {k: v for k, v in avg.items() if k not in own}
     assert set(avg) - set(ft) == set()
-    assert (ft["finetune_epochs"], ft["finetune_lr"], ft["pm_base"], ft["any_depth"]) == (2, avg["alpha"], "gm", True)
+    assert (ft["finetune_epochs"], ft["finetune_lr"]) == (2, avg["alpha"])
+    # what FedAvg+ is: its rule's class, not its config (hfl.algorithm.ServerRule)
+    assert (FedAvgFTServer.personalized, FedAvgFTServer.pm_base, FedAvgFTServer.any_depth) == (True, "gm", True)
     # the learning rate defaults to the training one, and follows it
     assert compose_cfg("algorithm=fedavg_ft", "algorithm.alpha=0.07")["algorithm"]["finetune_lr"] == 0.07
     assert compose_cfg("algorithm=fedavg_ft", "algorithm.finetune_lr=0.3")["algorithm"]["finetune_lr"] == 0.3
@@ -137,14 +143,21 @@ def test_config_is_fedavgs_plus_the_fine_tuning_keys():
     [
         ("algorithm.finetune_epochs=-1", "algorithm.finetune_epochs"),
         ("algorithm.finetune_lr=0", "algorithm.finetune_lr"),
-        ("algorithm.pm_base=own", "algorithm.pm_base"),
-        ("algorithm.personalized=false", "algorithm.personalized"),
         ("algorithm.sample_fraction=0.5", "algorithm.sample_fraction"),
     ],
 )
 def test_config_refusals_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate(compose_cfg("algorithm=fedavg_ft", "runtime=inprocess", override))
+
+
+@pytest.mark.parametrize("override", ["algorithm.pm_base=own", "algorithm.personalized=false"])
+def test_what_fedavg_ft_is_is_no_setting(override):
+    with pytest.raises(ConfigCompositionException) as caught:
+        compose_cfg("algorithm=fedavg_ft", override)
+    error = schema.config_error(caught.value)
+    assert isinstance(error, ConfigError) and error.key == override.split("=")[0]
+    assert "the algorithm's nature" in str(error)
 
 
 # ---------------------------------------------------------------- a whole run

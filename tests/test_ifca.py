@@ -9,9 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from hydra import compose, initialize_config_dir
+
 from clients.ifca import IfcaClient, best_cluster
 from hfl.algorithm import NodeContext, Replies, Update
+from hfl.config import schema
 from hfl.config.checks import validate
+from hfl.config.compose import CONF_DIR
 from hfl.errors import ConfigError
 from hfl.rules.payload import Payload, pack
 from hfl.runtime.simulate import run
@@ -19,8 +23,7 @@ from strategies.ifca import IfcaServer, cluster_means, entries
 from tests.conftest import SMALL, compose_cfg
 from tests.test_resume import Killed, _killed_at, assert_same_run
 
-ALG = {"num_clusters": 3, "weighted": True, "alpha": 0.1, "local_steps": 1, "global_model": False,
-       "level_models": False}
+ALG = {"num_clusters": 3, "weighted": True, "alpha": 0.1, "local_steps": 1}
 
 
 def m(value: float) -> list[np.ndarray]:
@@ -178,7 +181,11 @@ def test_a_killed_ifca_run_resumes_to_the_uninterrupted_one(tmp_path, monkeypatc
 # ---------------------------------------------------------------- config
 def test_config_validates_and_refuses_bad_keys_naming_them():
     validate(compose_cfg("algorithm=ifca"))
-    for override, key in (("algorithm.num_clusters=0", "algorithm.num_clusters"),
-                          ("algorithm.global_model=true", "algorithm.global_model")):
-        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-            validate(compose_cfg("algorithm=ifca", override))
+    with pytest.raises(ConfigError, match=r"algorithm\.num_clusters"):
+        validate(compose_cfg("algorithm=ifca", "algorithm.num_clusters=0"))
+    # what IFCA is (no global model, no level models) is its rule's class, not a setting
+    assert (IfcaServer.global_model, IfcaServer.level_models, IfcaServer.personalized) == (False, False, True)
+    with pytest.raises(ConfigError, match=r"algorithm\.global_model: is the algorithm's nature \(IfcaServer"):
+        schema.register()
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            schema.check_keys(compose("config", overrides=["algorithm=ifca", "++algorithm.global_model=true"]))

@@ -35,7 +35,7 @@ ROOT = Path(__file__).parents[1]
     [
         (["algorithm.local_steps=abc"], "algorithm.local_steps: must be an integer, got 'abc'"),
         (["global_rounds=1.5"], "global_rounds: must be an integer, got 1.5"),
-        (["algorithm.personalized=maybe"], "algorithm.personalized: must be true or false, got 'maybe'"),
+        (["algorithm.prox_slip=maybe"], "algorithm.prox_slip: must be true or false, got 'maybe'"),
         (["algorithm.alpha=fast"], "algorithm.alpha: must be a number, got 'fast'"),
         (["algorithm.eta=abc"], "algorithm.eta: must be a number, got 'abc'"),  # PerMFL's own key
         (["dataset.batch_size=true"], "dataset.batch_size: must be an integer, got True"),
@@ -217,8 +217,7 @@ def test_schema_fields_have_no_defaults_of_their_own():
          "algorithm.up.lr=0.01", "algorithm.sample_fraction=[1,1,0.5]", "algorithm.level_rounds=[1,5]"],
         ["algorithm=bhfl", "topology=tree", "topology.fanout=null", "topology.nodes=[[[0,1],[2,3]],[[4,5],[6,7]]]"],
         ["algorithm=bhfl", "+algorithm.levels.0.up={optimizer: adam, lr: 0.01}", "+algorithm.levels.3.down.lr=0.5"],
-        ["algorithm=hierfavg", "++algorithm.any_depth=true"],
-        ["algorithm=hierfavg", "++algorithm.any_depth=true", "++algorithm.sample_fraction=[1,0.2]"],
+        ["algorithm=hierfavg", "++algorithm.sample_fraction=[1,0.2]"],
         ["algorithm=pflego", "dataset=mnist", "dataset.partition=roundrobin", "model=mlp", "model.hidden=8",
          "dataset.normalize=[0,1]"],
         ["experiment=permfl_mnist_mclr", "dataset.normalize=per_feature", "topology=by_label_worst"],
@@ -230,6 +229,29 @@ def test_the_repos_overrides_still_compose(overrides):
     schema.register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         schema.check_keys(compose("config", overrides=overrides))  # the keys they add (+, ++) are read
+
+
+@pytest.mark.parametrize(
+    ("overrides", "rule"),
+    [
+        (["algorithm.personalized=false"], "ServerRule.personalized"),  # an override: refused while composing
+        (["algorithm=pflego", "++algorithm.pm_base=own"], "PflegoServer.pm_base"),  # ++: refused by check_keys
+        (["algorithm=hierfavg", "++algorithm.any_depth=false"], "FedAvgServer.any_depth"),
+    ],
+)
+def test_an_algorithms_nature_is_no_setting(overrides, rule):
+    """What an algorithm is (hfl.config.schema.NATURE_KEYS) is its rule's class attribute: a config
+    that sets it is refused naming the attribute."""
+    key = overrides[-1].lstrip("+").split("=")[0]
+    schema.register()
+    with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')}: is the algorithm's nature \({rule}\)"):
+        try:
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                schema.check_keys(compose("config", overrides=overrides))
+        except ConfigError:
+            raise
+        except Exception as exc:  # Hydra's error for an override of a key the schema lacks
+            raise schema.config_error(exc) or exc
 
 
 def test_floats_accept_integers():

@@ -156,7 +156,7 @@ def test_tensorboard_holds_every_number_of_every_row_at_its_round(tmp_path):
         events.PluginTagToContent("hparams")["_hparams_/session_start_info"]).session_start_info
     hparams = {key: getattr(value, value.WhichOneof("kind")) for key, value in start.hparams.items()}
     assert hparams["seed"] == 0 and hparams["algorithm.name"] == "permfl"
-    assert hparams["algorithm.personalized"] == 1  # torch writes booleans as numbers
+    assert hparams["algorithm.prox_slip"] == 0  # torch writes booleans as numbers
     assert hparams["dataset.max_samples"] == 300 and hparams["dataset.root"] == "null"
 
 

@@ -57,7 +57,7 @@ def _check_levels(alg: Mapping) -> None:
     ``sample_fraction`` (a number in (0, 1] or such a list, root first; one number with
     ``sampling=devices``). Their lengths are checked against the tree once it is built
     (hfl.runtime.build.check_tree)."""
-    for key in ("any_depth", "persistent_devices", "local_labels", "fit_test"):
+    for key in ("persistent_devices", "local_labels", "fit_test"):
         if key in alg and not isinstance(alg[key], bool):
             raise ConfigError(f"algorithm.{key}", f"must be true or false, got {alg[key]!r}")
     if alg.get("level_rounds") is not None:
@@ -135,8 +135,6 @@ def validate(cfg: Mapping) -> None:
         raise ConfigError("algorithm.client", f"module {client.__name__} lacks make_client")
     getattr(client, "check_config", lambda alg: None)(alg)
     _check_levels(alg)
-    if not isinstance(alg.get("global_model", True), bool):
-        raise ConfigError("algorithm.global_model", f"must be true or false, got {alg.get('global_model')!r}")
     runtime = cfg.get("runtime", {})
     if runtime.get("name") not in RUNTIMES:
         raise ConfigError("runtime.name", f"unknown runtime {runtime.get('name')!r}; known: {', '.join(RUNTIMES)}")

@@ -14,7 +14,7 @@ groups of their own: they are not meant to be selected).
 What is typed here: every key's type (``int``, ``float``, ``bool``, ``str``, ``Optional[...]``
 for the nullable ones, ``List[int]``/``List[float]``/``List[List[int]]`` where a list has one
 shape), so a wrong type is refused while Hydra composes, naming the key
-(``algorithm.local_steps=abc``, ``global_rounds=1.5``, ``algorithm.personalized=maybe``);
+(``algorithm.local_steps=abc``, ``global_rounds=1.5``, ``algorithm.prox_slip=maybe``);
 ``hfl-simulate`` prints it as one line (``config_error`` turns Hydra's error into a
 ``ConfigError``). Float keys accept integers (``algorithm.alpha=1`` is 1.0; so the runtime's
 seconds and ``num_cpus_per_team``, floats, show as ``1.0`` where the YAML says ``1``).
@@ -98,7 +98,6 @@ class AlgorithmConfig:
     name: str = MISSING
     strategy: str = MISSING  # module whose SERVER is the algorithm's server rule (hfl.algorithm)
     client: str = MISSING  # module with make_client
-    personalized: bool = MISSING
     team_rounds: int = MISSING  # K
     local_steps: int = MISSING  # L
     alpha: float = MISSING
@@ -120,7 +119,7 @@ class PerMFLConfig(AlgorithmConfig):
 
 @dataclass
 class HierFAVGConfig(AlgorithmConfig):
-    any_depth: bool = MISSING
+    """HierFAVG's keys: those of every algorithm (the base of the FedAvg family's schemas)."""
 
 
 @dataclass
@@ -135,15 +134,12 @@ class FedAvgConfig(HierFAVGConfig):
 class FedAvgFtConfig(FedAvgConfig):
     """FedAvg+ (FedAvg, then each device fine-tunes the global model before testing it)."""
 
-    global_model: bool = MISSING
-    pm_base: str = MISSING  # gm: the PM is the global model the node sends, fine-tuned by the device
     finetune_epochs: int = MISSING
     finetune_lr: float = MISSING
 
 
 @dataclass
 class FedPerConfig(FedAvgConfig):
-    global_model: bool = MISSING
     head_layers: int = MISSING
 
 
@@ -154,14 +150,13 @@ class FedProxConfig(HierFAVGConfig):
 
 @dataclass
 class FedRepConfig(HierFAVGConfig):
-    global_model: bool = MISSING
     head_steps: Any = MISSING  # an integer >= 1: checked by strategies.fedrep (tests pin its message)
     head_layers: int = MISSING
 
 
 @dataclass
 class LocalConfig(HierFAVGConfig):
-    global_model: bool = MISSING
+    """Local training: no keys of its own."""
 
 
 @dataclass
@@ -212,11 +207,7 @@ class PFedBayesConfig(AlgorithmConfig):
 
 @dataclass
 class PFLEGOConfig(HierFAVGConfig):
-    global_model: bool = MISSING
-    level_models: bool = MISSING
-    pm_base: str = MISSING
     local_labels: bool = MISSING
-    personal_heads: bool = MISSING
     sampling: str = MISSING  # children | devices
     sample_fraction: Any = MISSING  # a number or a list, root first
     server_lr: float = MISSING
@@ -250,8 +241,6 @@ class BHFLConfig(HierFAVGConfig):
 class FeMAMConfig(HierFAVGConfig):
     """FeMAM and FeSEM (strategies.femam)."""
 
-    global_model: bool = MISSING
-    level_models: bool = MISSING
     levels: List[int] = MISSING  # groups per level: 1 = global, K = clusters, 0 = personal (last only)
     team_level: Optional[int] = MISSING  # 1-based cluster level whose groups are the lowest servers (fixed)
     assign: str = MISSING  # kmeans | nearest
@@ -618,10 +607,12 @@ def _shown(value: str, type_name: str) -> str:
 # hfl/runtime/apps.py, hfl/runtime/simulate.py): adding one to an option whose schema lacks it is
 # meaningful (e.g. ``algorithm=hierfavg ++algorithm.sample_fraction=[1,0.2]``).
 OPEN_KEYS: dict[str, frozenset[str]] = {
-    "algorithm": frozenset({"any_depth", "global_model", "level_models", "level_rounds", "local_epochs",
-                            "local_labels", "personal_heads", "pm_base", "sample_fraction", "sampling"}),
+    "algorithm": frozenset({"level_rounds", "local_epochs", "local_labels", "sample_fraction", "sampling"}),
     "runtime": frozenset({"state_dir", "team_wait_seconds", "verbose"}),
 }
+# What an algorithm is, declared by its server rule's class (hfl.algorithm.ServerRule), never set
+# in a config: a config that sets one is refused naming the class attribute (unknown_key).
+NATURE_KEYS = ("personalized", "global_model", "level_models", "pm_base", "any_depth", "personal_heads")
 # ``Any`` fields whose value is a mapping of fixed keys: those conf/config.yaml gives them.
 CLOSED_MAPPINGS = ("clock.speed", "clock.availability", "clock.staleness", "clock.shift")
 
@@ -647,7 +638,7 @@ def check_keys(cfg: Any) -> None:
                 continue
             full = f"{path}.{name}" if path else str(name)
             if known is not None and name not in known:
-                raise unknown_key(full, owner)
+                raise unknown_key(full, owner, strategy=node.get("strategy") if path == "algorithm" else None)
             child = node._get_node(name)  # noqa: SLF001 - the node itself: a missing value (???) is not read
             if isinstance(child, DictConfig):
                 visit(child, full)
@@ -655,14 +646,18 @@ def check_keys(cfg: Any) -> None:
     visit(cfg, "")
 
 
-def unknown_key(key: str, owner: type | None, where: str = "") -> ConfigError:
+def unknown_key(key: str, owner: type | None, where: str = "", strategy: Any = None) -> ConfigError:
     """The refusal of ``key``, which the schema ``owner`` (a dataclass, or None if unknown) of its
-    node lacks: "did you mean <the closest key>?", else the options of its group that have it
-    ("topology.fanout ... belongs to topology=tree"), else the node's keys. Never ``+key``: a key
-    no schema declares is read by nothing."""
+    node lacks: an algorithm's nature (NATURE_KEYS) names the class attribute that declares it
+    (``strategy``: the algorithm's strategy module, where known); else "did you mean <the closest
+    key>?", else the options of its group that have it ("topology.fanout ... belongs to
+    topology=tree"), else the node's keys. Never ``+key``: a key no schema declares is read by nothing."""
     import difflib
 
     parent, _, name = key.rpartition(".")
+    if parent == "algorithm" and name in NATURE_KEYS:
+        return ConfigError(key, f"is the algorithm's nature ({_rule_name(strategy)}.{name}), not a setting; "
+                                f"its server rule's class declares it{where}")
     prefix = f"{parent}." if parent else ""
     if owner is not None and dataclasses.is_dataclass(owner):
         fields = [f.name for f in dataclasses.fields(owner)] + sorted(OPEN_KEYS.get(parent, ()))
@@ -682,6 +677,16 @@ def unknown_key(key: str, owner: type | None, where: str = "") -> ConfigError:
         return ConfigError(key, f"no such key; did you mean {prefix}{close[0]}?{where}")
     known = f"; the keys of {parent or 'the config'}: {', '.join(sorted(set(fields)))}" if fields else ""
     return ConfigError(key, f"no such key{known}{where}")
+
+
+def _rule_name(strategy: Any) -> str:
+    """The server rule class of strategy module ``strategy`` (its ``SERVER``), or ``ServerRule``."""
+    import importlib
+
+    try:
+        return importlib.import_module(str(strategy)).SERVER.__name__
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return "ServerRule"
 
 
 def _dataclass_named(found: re.Match | None) -> type | None:

@@ -23,7 +23,7 @@ from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 
 from hfl.device.client import DeviceClient
-from hfl.config.checks import load_module
+from hfl.config.checks import load_module, load_server
 from hfl.data import DeviceData
 from hfl.models import build_model
 from hfl.data.labels import device_classes, device_data, model_classes
@@ -145,7 +145,7 @@ def partition(cfg: Mapping, device_id: int, folder: Path) -> tuple[DeviceData, i
     fed = federation_for(cfg)
     if not 0 <= device_id < len(fed.devices):
         raise ValueError(f"device-id {device_id} does not exist: the federation has {len(fed.devices)} devices")
-    data, num_classes = device_data(cfg, fed, device_id), model_classes(cfg, fed)
+    data, num_classes = device_data(cfg, fed, device_id), model_classes(cfg, fed, load_server(cfg["algorithm"]).personal_heads)
     classes = device_classes(fed, device_id) if cfg["algorithm"].get("local_labels", False) else None
     private_dir(folder)
     atomic_savez(path, **{k: getattr(data, k).numpy() for k in ("x_train", "y_train", "x_test", "y_test", "x_val", "y_val")},

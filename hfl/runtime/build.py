@@ -62,7 +62,7 @@ def federation_for(cfg: Mapping) -> Federation:
 def initial_model(cfg: Mapping, fed: Federation) -> NDArrays:
     """The global model x^0, initialised from the run's seed."""
     torch.manual_seed(derive_seed(cfg["seed"], "init"))
-    trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed)))
+    trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed, load_server(cfg["algorithm"]).personal_heads)))
     check_model_buffers(cfg, trainer.has_buffers)  # the algorithm must carry its BatchNorm statistics
     return to_ndarrays(trainer.initial_params())
 
@@ -217,7 +217,7 @@ def evaluation_sampled(cfg: Mapping) -> bool:
 def check_tree(cfg: Mapping, tree: Tree) -> None:
     """Refuse a tree the algorithm is not defined on, and per-level lists of the wrong length."""
     alg = cfg["algorithm"]
-    if tree.depth != 2 and not alg.get("any_depth", False):
+    if tree.depth != 2 and not load_server(alg).any_depth:
         key = "topology.fanout" if cfg["topology"].get("formation") == "tree" else "topology.formation"
         raise ConfigError(key, f"algorithm {alg['name']!r} is defined for three tiers (a tree of depth 2: root, "
                                f"servers, devices); this tree has depth {tree.depth}")
@@ -237,7 +237,7 @@ def check_tree(cfg: Mapping, tree: Tree) -> None:
     if alg.get("local_labels", False) and float(cfg["dataset"].get("proxy_fraction", 0.0)) > 0:
         raise ConfigError("algorithm.local_labels", "servers' proxy data keeps the dataset's labels; local labels "
                                                     "and dataset.proxy_fraction > 0 do not mix")
-    model_classes(cfg, federation_for(cfg))  # refuses local labels without a common K
+    model_classes(cfg, federation_for(cfg), load_server(alg).personal_heads)  # refuses local labels without a common K
     if level_fraction(alg, 0) != 1.0:
         raise ConfigError("algorithm.sample_fraction", "the root asks every level-1 node (its entry 0 must be 1); "
                                                        "sampling applies from level 1 down")
@@ -266,7 +266,7 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
     fit_many, evaluate_many = fit_one_by_one, evaluate_children
     if tree.is_lowest(path):
         client_module = load_module(alg, "client")
-        trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed)))
+        trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed, load_server(cfg["algorithm"]).personal_heads)))
         local = bool(alg.get("local_labels", False))
 
         shift, now = run_shift(cfg), [0.0]  # the simulated time the node's message is at (hfl.clock.shift)
@@ -334,10 +334,9 @@ def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | Simp
                     eval_fraction=eval_fraction(cfg, level, tree.depth),
                     clock=clock, policy=LevelPolicy.for_level(cfg.get("clock", {}), level))
     children = proxies if isinstance(proxies, SimpleClientManager) else client_manager_of(proxies)
-    return NodeClient(spec, children, make_rule, store,
-                      personalized=bool(alg["personalized"]), global_model=bool(alg.get("global_model", True)),
-                      persist=persist, holds=holds, pm_base=alg.get("pm_base"),
-                      level_models=bool(alg.get("level_models", True)),
+    return NodeClient(spec, children, make_rule, store,  # what the algorithm is: its rule's class (hfl.algorithm)
+                      personalized=server.personalized, global_model=server.has_global_model(alg),
+                      persist=persist, holds=holds, pm_base=server.pm_base, level_models=server.level_models,
                       evaluation_context=server.evaluation_context,
                       fit_many=fit_many, evaluate_many=evaluate_many,
                       min_fit_fraction=float(alg.get("min_fit_fraction", 1.0)), evaluate_targets=evaluate_targets,
