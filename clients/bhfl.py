@@ -48,6 +48,8 @@ def catch_up(dev: DeviceRuntime, config: dict[str, Scalar]) -> None:
 
 
 class BHFLClient(DeviceClient):
+    batched = True  # fit_plan: a node steps its devices together (hfl.accel.batched)
+
     def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan:
         dev = self.device
         received = unpack(parameters, config).parts

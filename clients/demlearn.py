@@ -25,6 +25,8 @@ def check_config(alg: Mapping[str, Any]) -> None:
 
 
 class DemLearnClient(DeviceClient):
+    batched = True  # fit_plan: a node steps its devices together (hfl.accel.batched)
+
     def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan:
         return pull_then_train(self.device, parameters, float(config["mix"]), int(config["local_steps"]),
                                float(config["alpha"]), prox=float(config["mu"]))

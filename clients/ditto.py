@@ -24,6 +24,8 @@ def check_config(alg: Mapping[str, Any]) -> None:
 
 
 class DittoClient(DeviceClient):
+    batched = True  # fit_plan: a node steps its devices together (hfl.accel.batched)
+
     def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan:
         dev = self.device
         received = to_tensors(parameters)

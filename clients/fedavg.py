@@ -11,6 +11,8 @@ from hfl.device.training import Params, to_ndarrays, to_tensors
 
 
 class FedAvgClient(DeviceClient):
+    batched = True  # fit_plan: a node steps its devices together (hfl.accel.batched)
+
     def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan:
         dev = self.device
 

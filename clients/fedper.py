@@ -29,6 +29,8 @@ class HeadClient(DeviceClient):
     """A device whose personal model is [shared body, own head]: L plain SGD steps on the whole
     of [received body, own head]."""
 
+    batched = True  # fit_plan: a node steps its devices together (hfl.accel.batched)
+
     def start(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[Params, Params, list[bool]]:
         """The received model, where training starts ([its body, the kept head]) and the head mask."""
         dev = self.device

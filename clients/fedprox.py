@@ -19,6 +19,8 @@ def check_config(alg: Mapping[str, Any]) -> None:
 
 
 class FedProxClient(DeviceClient):
+    batched = True  # fit_plan: a node steps its devices together (hfl.accel.batched)
+
     def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan:
         received = to_tensors(parameters)
         phase = Phase(received, int(config["local_steps"]), float(config["alpha"]), received, float(config["mu"]))

@@ -21,8 +21,10 @@ def check_config(alg: Mapping[str, Any]) -> None:
 
 
 class FedRepClient(HeadClient):
+    batched = False  # its two phases step different masks of the model: the per-device path
+
     def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> None:
-        return None  # masked steps: the per-device path (algorithm.batched is false)
+        return None  # masked steps: the per-device path (FedRepClient.batched is false)
 
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         received, start, mask = self.start(parameters, config)

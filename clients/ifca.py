@@ -32,6 +32,8 @@ def clusters_in(parameters: NDArrays, config: dict[str, Scalar], prefix: str) ->
 
 
 class IfcaClient(DeviceClient):
+    batched = True  # fit_plan: a node steps its devices together (hfl.accel.batched)
+
     def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan:
         dev = self.device
         clusters = clusters_in(parameters, config, "c")

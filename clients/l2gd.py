@@ -21,6 +21,8 @@ from hfl.device.state import DeviceRuntime
 
 
 class L2GDClient(DeviceClient):
+    batched = True  # fit_plan: a node steps its devices together (hfl.accel.batched)
+
     def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan:
         pull = config["global_pull"] if int(config[NODE_ROUND]) == 1 else config["team_pull"]
         return pull_then_train(self.device, parameters, float(pull), int(config["local_steps"]),

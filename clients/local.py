@@ -14,6 +14,8 @@ class LocalClient(DeviceClient):
     """L plain SGD steps on the device's own model (starting from the shared initial model
     the first time). It echoes the model it received: nothing of its own leaves the device."""
 
+    batched = True  # fit_plan: a node steps its devices together (hfl.accel.batched)
+
     def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan:
         dev = self.device
         start = dev.personal if dev.personal is not None else to_tensors(parameters)

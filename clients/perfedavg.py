@@ -106,6 +106,9 @@ class PerFedAvgClient(DeviceClient):
     PM adapts the current global model; alpha rides along because evaluation messages carry
     no hyper-parameters and a fresh node must still know the adaptation step."""
 
+    batched = True  # through its own group step (MetaPlan)
+    bufferless = "takes its own meta-gradient steps"
+
     def _grad(self, params: Params, idx: torch.Tensor) -> tuple[torch.Tensor, Params]:
         dev = self.device
         return dev.trainer.loss_and_grad(params, dev.x_train.index_select(0, idx), dev.y_train.index_select(0, idx))

@@ -24,6 +24,8 @@ def device_step(theta: Sequence[T], grad: Sequence[T], anchor: Sequence[T], alph
 class PerMFLClient(DeviceClient):
     """Starts from the team model w, takes L prox steps; its theta is the personalized model."""
 
+    batched = True  # fit_plan: a node steps its devices together (hfl.accel.batched)
+
     def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan:
         dev = self.device
         anchor = to_tensors(parameters)

@@ -204,6 +204,9 @@ def _scaled(values: torch.Tensor, grads: Params) -> Params:
 
 
 class PFedBayesClient(DeviceClient):
+    batched = True  # through its own group step (BayesPlan)
+    bufferless = "treats every tensor as a Gaussian weight"
+
     def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> BayesPlan:
         dev = self.device
         v = to_tensors(parameters)

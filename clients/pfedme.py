@@ -26,6 +26,9 @@ def check_config(alg: Mapping[str, Any]) -> None:
 
 
 class PFedMeClient(DeviceClient):
+    batched = True  # fit_plan: a node steps its devices together (hfl.accel.batched)
+    bufferless = "takes its own inner gradient steps"
+
     def fit_plan(self, parameters: NDArrays, config: dict[str, Scalar]) -> FitPlan:
         dev = self.device
         lam, plr, eta = float(config["lam"]), float(config["personal_lr"]), float(config["alpha"])

@@ -23,6 +23,8 @@ from strategies.pflego import device_round, initial_head, split_head
 
 
 class PflegoClient(DeviceClient):
+    bufferless = "sends the body's gradient, and running statistics have none"  # per-device path only (batched false)
+
     def __init__(self, device: DeviceRuntime) -> None:
         super().__init__(device)
         model = device.trainer.model

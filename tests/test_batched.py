@@ -1,6 +1,6 @@
 """The batched device path (hfl.accel.batched) computes what the per-device path does: the same
 minibatches from the same samplers, the same gradients, the same models within float tolerance,
-for every algorithm that takes it (algorithm.batched: true)."""
+for every algorithm that takes it (its device client's DeviceClient.batched)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from hfl.accel import closed_forms
 from hfl.accel import grouped_cnn
 from hfl.accel.batched_eval import evaluate_models
 from hfl.accel.closed_forms import closed_form
-from hfl.config.checks import load_module
+from hfl.config.checks import client_class, load_module
 from hfl.device.state import DeviceRuntime, pack_states, unpack_states
 from hfl.errors import ConfigError
 from hfl.models import CNN, DNN, MCLR, MLP, mclr_loss_and_grad
@@ -43,8 +43,7 @@ ALGORITHMS = sorted(p.stem for p in (CONF_DIR / "algorithm").glob("*.yaml"))
 
 
 def batched_flag(name: str) -> bool:
-    cfg = compose_cfg(f"algorithm={name}")
-    return bool(cfg["algorithm"]["batched"])
+    return client_class(compose_cfg(f"algorithm={name}")["algorithm"]).batched
 
 
 # ---------------------------------------------------------------- minibatches
@@ -421,10 +420,10 @@ def test_packed_device_states_round_trip_with_ragged_and_missing_fields():
 def test_algorithm_batched_flag_matches_its_client(name):
     cfg = compose_cfg(f"algorithm={name}")
     module = load_module(cfg["algorithm"], "client")
-    client_class = getattr(module, module.make_client.__annotations__["return"])
-    assert issubclass(client_class, DeviceClient)
-    plans = client_class.fit_plan is not DeviceClient.fit_plan and client_class.__name__ != "FedRepClient"
-    assert cfg["algorithm"]["batched"] == plans
+    found = getattr(module, module.make_client.__annotations__["return"])
+    assert issubclass(found, DeviceClient) and client_class(cfg["algorithm"]) is found
+    plans = found.fit_plan is not DeviceClient.fit_plan and found.__name__ != "FedRepClient"
+    assert found.batched == plans
 
 
 def test_batched_on_is_refused_for_an_algorithm_without_the_path():

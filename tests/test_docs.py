@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hfl.config.checks import client_class
+
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf" / "algorithm"
 PAGES = ROOT / "docs" / "algorithms"
@@ -58,8 +60,16 @@ def rule(name: str) -> type:
     return importlib.import_module(resolved_keys(name)["strategy"]).SERVER
 
 
+def client(name: str) -> type:
+    """The algorithm's device client class (what ``make_client`` returns)."""
+    return client_class(resolved_keys(name))
+
+
 def nature(name: str, attribute: str):  # noqa: ANN201 - a class attribute's value
-    """What the algorithm is, as the engine reads it (FeMAM/FeSEM's GM from their levels)."""
+    """What the algorithm is, as the engine reads it (FeMAM/FeSEM's GM from their levels; the
+    device's ``batched`` from its client class)."""
+    if attribute == "batched":
+        return client(name).batched
     server = rule(name)
     return server.has_global_model(resolved_keys(name)) if attribute == "global_model" else getattr(server, attribute)
 
@@ -110,8 +120,7 @@ def test_nav_lists_every_algorithm_page():
     wrong = []
     for name in algorithm_names():  # its last two columns: any_depth, batched
         cells = [c.strip() for c in rows[name].strip().strip("|").split("|")]
-        keys = resolved_keys(name)
-        expected = ["true" if rule(name).any_depth else "false", "yes" if keys.get("batched") else "no"]
+        expected = ["true" if rule(name).any_depth else "false", "yes" if client(name).batched else "no"]
         if cells[-2:] != expected:
             wrong.append(f"{name}: {cells[-2:]} (config: {expected})")
     assert not wrong, f"docs/algorithms/index.md's any_depth / batched columns: {wrong}"
@@ -144,9 +153,10 @@ def test_page_defaults_match_config(name):
 @pytest.mark.parametrize("name", algorithm_names())
 def test_page_nature_rows_match_the_rule(name):
     rows = NATURE_ROW.findall(page(name))
-    wrong = [f"{cls}.{attribute}: page {shown!r}, {rule(name).__name__} {nature(name, attribute)!r}"
+    owner = {"batched": client(name).__name__}
+    wrong = [f"{cls}.{attribute}: page {shown!r}, {owner.get(attribute, rule(name).__name__)} {nature(name, attribute)!r}"
              for cls, attribute, shown in rows
-             if cls != rule(name).__name__ or yaml.safe_load(shown) != nature(name, attribute)]
+             if cls != owner.get(attribute, rule(name).__name__) or yaml.safe_load(shown) != nature(name, attribute)]
     assert not wrong, f"docs/algorithms/{name}.md: " + "; ".join(wrong)
     shown = {attribute for _, attribute, _ in rows}
     assert "personalized" in shown, f"docs/algorithms/{name}.md: no `{rule(name).__name__}.personalized` row"

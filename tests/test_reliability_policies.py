@@ -113,7 +113,7 @@ def test_a_device_failure_is_named_not_called_divergence_under_every_policy(tmp_
         raise MemoryError("device out of memory")
 
     monkeypatch.setattr(device_client.DeviceClient, "fit", out_of_memory)
-    cfg = compose_cfg(*TIMED, *policy, "algorithm.batched=false", "global_rounds=2")
+    cfg = compose_cfg(*TIMED, *policy, "runtime.batched=off", "global_rounds=2")
     with pytest.raises(RuntimeError) as raised:
         run(cfg, tmp_path)
     assert "MemoryError('device out of memory')" in str(raised.value)

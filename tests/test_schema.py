@@ -237,6 +237,7 @@ def test_the_repos_overrides_still_compose(overrides):
         (["algorithm.personalized=false"], "ServerRule.personalized"),  # an override: refused while composing
         (["algorithm=pflego", "++algorithm.pm_base=own"], "PflegoServer.pm_base"),  # ++: refused by check_keys
         (["algorithm=hierfavg", "++algorithm.any_depth=false"], "FedAvgServer.any_depth"),
+        (["algorithm=fedrep", "++algorithm.batched=true"], "FedRepClient.batched"),  # the device client's
     ],
 )
 def test_an_algorithms_nature_is_no_setting(overrides, rule):

@@ -46,6 +46,27 @@ def load_server(alg: Mapping) -> type:
     return server
 
 
+def client_class(alg: Mapping) -> type:
+    """The algorithm's device client class: the module's ``CLIENT`` if it names one, else the class
+    its ``make_client`` returns (its return annotation), a subclass of hfl.device.client.DeviceClient.
+    What the device is (``batched``, ``bufferless``) is read from it."""
+    import typing
+
+    from hfl.device.client import DeviceClient
+
+    module = load_module(alg, "client")
+    found = getattr(module, "CLIENT", None)
+    if found is None and callable(getattr(module, "make_client", None)):
+        try:
+            found = typing.get_type_hints(module.make_client).get("return")
+        except (NameError, TypeError):
+            found = None
+    if not (isinstance(found, type) and issubclass(found, DeviceClient)):
+        raise ConfigError("algorithm.client", f"module {module.__name__}: make_client must be annotated with the "
+                                              "DeviceClient subclass it returns (or the module must name it as CLIENT)")
+    return found
+
+
 # children: every node samples ``sample_fraction`` of its children per round (per level);
 # devices: the root draws ``sample_fraction`` of all devices per global round (uniform across the
 # tree, PFLEGO) and a node asks only the children holding a drawn device.
@@ -180,9 +201,10 @@ def _check_accelerators(alg: Mapping, runtime: Mapping) -> None:
     batched = batched_setting(runtime)
     if batched not in BATCHED:
         raise ConfigError("runtime.batched", f"must be one of {', '.join(BATCHED)}, got {runtime.get('batched')!r}")
-    if batched == "on" and not alg.get("batched", False):
+    if batched == "on" and not client_class(alg).batched:
         raise ConfigError("runtime.batched", f"algorithm {alg.get('name')!r} has no batched device path "
-                                             "(algorithm.batched is false); use runtime.batched=auto or off")
+                                             f"({client_class(alg).__name__}.batched is false); use "
+                                             "runtime.batched=auto or off")
     if batched == "on" and runtime.get("name") == "deployment":
         raise ConfigError("runtime.batched", "every device is its own process in a deployment; use auto or off")
     gpus = runtime.get("num_gpus_per_team")
@@ -218,22 +240,14 @@ def check_state_dir(runtime: Mapping) -> None:
         raise ConfigError("runtime.state_dir", f"{value}: {existing} is not writable here")
 
 
-# Device clients that step models outside hfl.device.training.run_local_steps: BatchNorm's running
-# statistics (a model's buffers, hfl.device.training.LocalTrainer) would not follow their training.
-BUFFERLESS_CLIENTS = {
-    "clients.perfedavg": "takes its own meta-gradient steps",
-    "clients.pfedme": "takes its own inner gradient steps",
-    "clients.pfedbayes": "treats every tensor as a Gaussian weight",
-    "clients.pflego": "sends the body's gradient, and running statistics have none",
-}
-
-
 def check_model_buffers(cfg: Mapping, has_buffers: bool) -> None:
     """Refuse, naming ``model.name``, a model with buffers (``LocalTrainer(model).has_buffers``)
-    under an algorithm that cannot carry them. To be called before training."""
+    under an algorithm whose device cannot carry them (``DeviceClient.bufferless``: it steps
+    models outside hfl.device.training.run_local_steps, so BatchNorm's running statistics would
+    not follow its training). To be called before training."""
     alg = cfg["algorithm"]
-    client = str(alg.get("client"))
-    if has_buffers and client in BUFFERLESS_CLIENTS:
+    why = client_class(alg).bufferless if has_buffers else ""
+    if why:
         raise ConfigError("model.name", f"{cfg['model'].get('name')!r} keeps BatchNorm running statistics, which "
                                         f"algorithm {alg.get('name')!r} cannot carry (its device "
-                                        f"{BUFFERLESS_CLIENTS[client]}); use a model without BatchNorm")
+                                        f"{why}); use a model without BatchNorm")

@@ -103,9 +103,6 @@ class AlgorithmConfig:
     alpha: float = MISSING
     weighted: Any = MISSING  # true | false: checked by hfl.config.checks.validate (tests pin its message)
     min_fit_fraction: float = MISSING
-    # Its device client can step all of a node's sampled devices as one computation (hfl.accel.batched);
-    # false: always the per-device path. runtime.batched picks between them.
-    batched: bool = MISSING
 
 
 @dataclass
@@ -610,9 +607,11 @@ OPEN_KEYS: dict[str, frozenset[str]] = {
     "algorithm": frozenset({"level_rounds", "local_epochs", "local_labels", "sample_fraction", "sampling"}),
     "runtime": frozenset({"state_dir", "team_wait_seconds", "verbose"}),
 }
-# What an algorithm is, declared by its server rule's class (hfl.algorithm.ServerRule), never set
-# in a config: a config that sets one is refused naming the class attribute (unknown_key).
-NATURE_KEYS = ("personalized", "global_model", "level_models", "pm_base", "any_depth", "personal_heads")
+# What an algorithm is, declared by its server rule's class (hfl.algorithm.ServerRule) or its device
+# client's (hfl.device.client.DeviceClient), never set in a config: a config that sets one is
+# refused naming the class attribute (unknown_key).
+NATURE_KEYS = {"personalized": "rule", "global_model": "rule", "level_models": "rule", "pm_base": "rule",
+               "any_depth": "rule", "personal_heads": "rule", "batched": "client"}
 # ``Any`` fields whose value is a mapping of fixed keys: those conf/config.yaml gives them.
 CLOSED_MAPPINGS = ("clock.speed", "clock.availability", "clock.staleness", "clock.shift")
 
@@ -638,7 +637,7 @@ def check_keys(cfg: Any) -> None:
                 continue
             full = f"{path}.{name}" if path else str(name)
             if known is not None and name not in known:
-                raise unknown_key(full, owner, strategy=node.get("strategy") if path == "algorithm" else None)
+                raise unknown_key(full, owner, alg=node if path == "algorithm" else None)
             child = node._get_node(name)  # noqa: SLF001 - the node itself: a missing value (???) is not read
             if isinstance(child, DictConfig):
                 visit(child, full)
@@ -646,18 +645,19 @@ def check_keys(cfg: Any) -> None:
     visit(cfg, "")
 
 
-def unknown_key(key: str, owner: type | None, where: str = "", strategy: Any = None) -> ConfigError:
+def unknown_key(key: str, owner: type | None, where: str = "", alg: Any = None) -> ConfigError:
     """The refusal of ``key``, which the schema ``owner`` (a dataclass, or None if unknown) of its
     node lacks: an algorithm's nature (NATURE_KEYS) names the class attribute that declares it
-    (``strategy``: the algorithm's strategy module, where known); else "did you mean <the closest
+    (``alg``: the algorithm's config, where known); else "did you mean <the closest
     key>?", else the options of its group that have it ("topology.fanout ... belongs to
     topology=tree"), else the node's keys. Never ``+key``: a key no schema declares is read by nothing."""
     import difflib
 
     parent, _, name = key.rpartition(".")
     if parent == "algorithm" and name in NATURE_KEYS:
-        return ConfigError(key, f"is the algorithm's nature ({_rule_name(strategy)}.{name}), not a setting; "
-                                f"its server rule's class declares it{where}")
+        kind = "server rule" if NATURE_KEYS[name] == "rule" else "device client"
+        return ConfigError(key, f"is the algorithm's nature ({_class_name(alg, NATURE_KEYS[name])}.{name}), not a "
+                                f"setting; its {kind}'s class declares it{where}")
     prefix = f"{parent}." if parent else ""
     if owner is not None and dataclasses.is_dataclass(owner):
         fields = [f.name for f in dataclasses.fields(owner)] + sorted(OPEN_KEYS.get(parent, ()))
@@ -679,14 +679,15 @@ def unknown_key(key: str, owner: type | None, where: str = "", strategy: Any = N
     return ConfigError(key, f"no such key{known}{where}")
 
 
-def _rule_name(strategy: Any) -> str:
-    """The server rule class of strategy module ``strategy`` (its ``SERVER``), or ``ServerRule``."""
-    import importlib
+def _class_name(alg: Any, kind: str) -> str:
+    """The name of the algorithm's server rule (``kind`` "rule") or device client class, else of
+    their base (``ServerRule``, ``DeviceClient``) where ``alg`` is unknown or names no such class."""
+    from hfl.config.checks import client_class, load_server
 
     try:
-        return importlib.import_module(str(strategy)).SERVER.__name__
-    except (ImportError, AttributeError, ValueError, TypeError):
-        return "ServerRule"
+        return (load_server(alg) if kind == "rule" else client_class(alg)).__name__
+    except (ConfigError, AttributeError, TypeError):
+        return "ServerRule" if kind == "rule" else "DeviceClient"
 
 
 def _dataclass_named(found: re.Match | None) -> type | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 
@@ -15,7 +17,16 @@ NODE_ROUND = "node_round"
 
 class DeviceClient(NumPyClient):
     """Base device. ``evaluate`` with config ``{"model": "personal"}`` tests the device's own
-    model; any other config tests the parameters it was sent (the global model or a server level's)."""
+    model; any other config tests the parameters it was sent (the global model or a server level's).
+
+    What the device is, read by the engine from the class (never a config key): ``batched``
+    (its ``fit_plan`` lets a node step all its devices as one computation, hfl.accel.batched;
+    ``runtime.batched`` picks between the paths) and ``bufferless`` (why it cannot carry a
+    model's buffers, BatchNorm's running statistics: it steps models outside
+    hfl.device.training.run_local_steps; empty: it can)."""
+
+    batched: ClassVar[bool] = False
+    bufferless: ClassVar[str] = ""
 
     def __init__(self, device: DeviceRuntime) -> None:
         self.device = device

@@ -21,7 +21,7 @@ from hfl.device.client import DeviceClient
 from hfl.accel.batched import BatchedFit, batching_pays, resolve_device
 from hfl.accel.batched_eval import BatchedEvaluate
 from hfl.algorithm import NodeContext, ServerRule
-from hfl.config.checks import batched_setting, check_model_buffers, load_module, load_server
+from hfl.config.checks import batched_setting, check_model_buffers, client_class, load_module, load_server
 from hfl.data import DeviceData, Federation, build_federation
 from hfl.data.labels import device_classes, device_data, model_classes
 from hfl.device.state import DEVICES_PREFIX, DeviceRuntime, has_state, pack_states, unpack_states
@@ -163,10 +163,10 @@ class PlainClients(Mapping[str, DeviceClient]):
 
 def uses_batched(cfg: Mapping, trainer: LocalTrainer) -> bool:
     """Whether lowest nodes step their devices together: runtime.batched on, or auto where the
-    algorithm has the batched path (algorithm.batched), the model carries no buffers and the
+    algorithm's device client has the batched path (``DeviceClient.batched``), the model carries no buffers and the
     batched path is the faster one (hfl.accel.batched.batching_pays)."""
     setting = batched_setting(cfg.get("runtime", {}))
-    if setting == "off" or not cfg["algorithm"].get("batched", False):
+    if setting == "off" or not client_class(cfg["algorithm"]).batched:
         return False
     if any(True for _ in trainer.model.buffers()):
         if setting == "on":
