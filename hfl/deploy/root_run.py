@@ -29,7 +29,7 @@ def serve_root(grid: Grid, context: Context, cfg: Mapping, out: Path) -> None:
     from hfl.deploy.node_server import log_to
     from hfl.deploy.private import private_umask
     from hfl.output import tracking
-    from hfl.runtime.apps import build_global_strategy, root_server, rounds_left
+    from hfl.runtime.apps import root_server, rounds_left
     from hfl.runtime.build import check_tree, federation_for
     from hfl.runtime.simulate import finished_summary
     from hfl.state.lock import RunLock
@@ -55,8 +55,7 @@ def serve_root(grid: Grid, context: Context, cfg: Mapping, out: Path) -> None:
                 finished_summary(cfg, out, start, tracker)
                 return
             started = tracking.begin(tracker, cfg, start.recorder["lines"] if start is not None else ())
-            strategy = build_global_strategy(cfg, out, start, tracker=started)
-            run_fl(root_server(strategy, ChildrenManager(children), start),
+            run_fl(root_server(cfg, out, ChildrenManager(children), start, started),
                    ServerConfig(num_rounds=rounds_left(cfg, start)))
     except Exception:
         log.exception("the root's run failed")

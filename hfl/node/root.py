@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from flwr.common import EvaluateIns, FitIns, GetPropertiesIns, NDArrays, Parameters, Scalar, ndarrays_to_parameters
@@ -87,7 +89,6 @@ class RootStrategy(Strategy):
         num_children: int,
         num_rounds: int,
         eval_every: int = 1,
-        recorder=None,  # noqa: ANN001 - hfl.output.recorder.Recorder, optional
         wait_seconds: float = 60.0,
         device_sampling: DeviceDraw | None = None,
         min_fit_fraction: float = 0.0,
@@ -108,7 +109,7 @@ class RootStrategy(Strategy):
         self.num_children = num_children  # the level-1 nodes of the topology
         self.num_rounds = num_rounds
         self.eval_every = eval_every
-        self.recorder = recorder
+        self.finished: RoundDone | None = None  # the last round's outcome, for RootServer's observers
         self.wait_seconds = wait_seconds  # how long the first round waits for them to connect
         self.device_sampling = device_sampling
         # A round needs this fraction of the level-1 nodes it asked (at least one): the same
@@ -335,19 +336,38 @@ class RootStrategy(Strategy):
         return loss, {k: v for k, v in pooled.items() if v is not None}
 
     def _finish(self, server_round: int, evaluation: dict | None) -> None:
+        """The round is over: what it did, for whoever observes the run (RootServer hands it on)."""
         seconds = time.perf_counter() - self._round.pop("start")
         idle = never_merged(self.merges) if self.timer is not None and server_round == self.num_rounds else []
         for level in idle:
             log.warning("%s", idle_message(level, self.merges[level], server_round))
-        if idle and self.recorder is not None:  # summary.json says so (the recorder writes its meta into it)
-            self.recorder.meta["never_merged"] = [int(level) for level in idle]
-        if self.recorder is not None:
-            self.recorder.round_done(server_round, seconds, dict(self._round), evaluation, self.current)
-        if idle and len(idle) == len(self.merges):
+        self.finished = RoundDone(server_round, seconds, dict(self._round), evaluation, self.current,
+                                  [int(level) for level in idle])
+
+    def check_trained(self, done: RoundDone) -> None:
+        """A run in which no node at any level merged a reply trained nothing: refused, once its
+        last round's outputs are written."""
+        if done.never_merged and len(done.never_merged) == len(self.merges):
             raise ConfigError("clock.deadline" if self.timer.policy.kind == "deadline" else "clock.policy",
-                              f"no node at any level merged a reply in {server_round} global rounds: the run "
+                              f"no node at any level merged a reply in {done.round} global rounds: the run "
                               "trained nothing (every reply was late, in flight or failed); give the slowest "
                               "subtree time to answer (a longer clock.deadline, or clock.late=next)")
+
+
+@dataclass
+class RoundDone:
+    """A finished global round, as the run's observers see it (hfl.output.recorder.Recorder)."""
+
+    round: int
+    seconds: float
+    counters: dict
+    evaluation: dict | None  # pooled figures of an evaluated round, else None
+    model: NDArrays
+    never_merged: list[int]  # levels whose nodes never merged a reply in the run (its last round only)
+
+
+class RoundObserver(Protocol):
+    def observe(self, done: RoundDone) -> None: ...
 
 
 class RootServer(Server):
@@ -357,11 +377,13 @@ class RootServer(Server):
     global rounds a resumed run has done already (hfl.state.resume)."""
 
     def __init__(self, *, client_manager: ClientManager, strategy: RootStrategy, offset: int = 0,
-                 fit_many: Callable[[int, float | None], FitMany] | None = None) -> None:
+                 fit_many: Callable[[int, float | None], FitMany] | None = None,
+                 observers: Sequence[RoundObserver] = ()) -> None:
         super().__init__(client_manager=client_manager, strategy=strategy)
         self.root = strategy
         self.offset = offset
         self._fit_many = fit_many
+        self.observers = list(observers)  # e.g. the run's recorder: outputs, checkpoints, trackers
 
     def fit_many(self, server_round: int, timeout: float | None) -> FitMany:
         """How a round's level-1 nodes are called: ``fit_many`` if given, else at once (Flower's
@@ -378,10 +400,14 @@ class RootServer(Server):
         for server_round in range(self.offset + 1, self.offset + num_rounds + 1):
             flwr_log(logging.INFO, "[ROUND %s]", server_round)
             self.root.fit_round(server_round, self._client_manager, self.fit_many(server_round, timeout))
-            evaluated = self.evaluate_round(server_round, timeout)
+            evaluated = self.evaluate_round(server_round, timeout)  # the root decides whether it evaluates
             if evaluated is not None and evaluated[0] is not None:
                 history.add_loss_distributed(server_round, evaluated[0])
                 history.add_metrics_distributed(server_round, evaluated[1])
+            done = self.root.finished
+            for observer in self.observers:
+                observer.observe(done)
+            self.root.check_trained(done)
         return history, time.perf_counter() - start
 
 

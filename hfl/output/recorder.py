@@ -11,6 +11,7 @@ import logging
 import re
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.common import NDArrays
@@ -20,6 +21,9 @@ from hfl.output.console import PROJECT_LOGGERS, ROUND, SHOW, round_line
 from hfl.process import interrupts
 from hfl.state.resume import Checkpoint, rows_up_to, write_checkpoint
 from hfl.state.store import atomic_savez, atomic_write_bytes
+
+if TYPE_CHECKING:
+    from hfl.node.root import RoundDone
 
 log = logging.getLogger("hfl")
 
@@ -146,6 +150,12 @@ class Recorder:
     def _count_sample(self, line: str) -> None:
         self.samples_rows += 1
         self.samples_hash.update(line.encode() + b"\n")  # as resume.samples_digest hashes the file's rows
+
+    def observe(self, done: RoundDone) -> None:
+        """A finished global round of the root's loop (hfl.node.root.RootServer), written down."""
+        if done.never_merged:  # summary.json says so (the recorder writes its meta into it)
+            self.meta["never_merged"] = done.never_merged
+        self.round_done(done.round, done.seconds, done.counters, done.evaluation, done.model)
 
     def round_done(self, rnd: int, seconds: float, counters: dict, evaluation: dict | None, model: NDArrays,
                    checkpoint: bool = True) -> None:

@@ -45,15 +45,12 @@ def run_meta(cfg: Mapping) -> dict:
     return {"algorithm": cfg["algorithm"]["name"], "dataset": cfg["dataset"]["name"], "model": cfg["model"]["name"]}
 
 
-def build_global_strategy(cfg: Mapping, run_dir: str | Path, start: Checkpoint | None = None,
-                          tracker: tracking.Guarded | None = None) -> RootStrategy:
+def build_global_strategy(cfg: Mapping, run_dir: str | Path) -> RootStrategy:
     """The root: the algorithm's server rule at level 0 as a Flower strategy, rebuilt from the
-    state store (which a resumed run has rolled back to ``start.round``); ``root_server`` drives
-    it. ``tracker``: the run's started tracker (hfl.output.tracking), fed by its recorder."""
+    state store at every global round (a resumed run's store is rolled back to its checkpoint's);
+    ``root_server`` drives it."""
     fed = federation_for(cfg)
     alg = cfg["algorithm"]
-    restore = None if start is None else {**start.recorder, "round": start.round}
-    recorder = Recorder(run_dir, run_meta(cfg), int(cfg["global_rounds"]), restore=restore, tracker=tracker)
     server = load_server(alg)
     initial = Payload("model", {"model": initial_model(cfg, fed)})
 
@@ -71,7 +68,6 @@ def build_global_strategy(cfg: Mapping, run_dir: str | Path, start: Checkpoint |
         num_children=len(fed.tree.children("")),
         num_rounds=int(cfg["global_rounds"]),
         eval_every=int(cfg["eval_every"]),
-        recorder=recorder,
         wait_seconds=float(cfg["runtime"].get("team_wait_seconds", 60)),
         device_sampling=device_sampling,
         min_fit_fraction=float(alg.get("min_fit_fraction", 1.0)),
@@ -87,12 +83,16 @@ def build_global_strategy(cfg: Mapping, run_dir: str | Path, start: Checkpoint |
     return strategy
 
 
-def root_server(strategy: RootStrategy, client_manager: ClientManager, start: Checkpoint | None = None,
+def root_server(cfg: Mapping, run_dir: str | Path, client_manager: ClientManager, start: Checkpoint | None = None,
+                tracker: tracking.Guarded | None = None,
                 fit_many: Callable[[int, float | None], FitMany] | None = None) -> RootServer:
     """The root's round loop over ``client_manager``'s level-1 nodes (hfl.node.root.RootServer),
-    after ``start``'s rounds for a resumed run."""
-    return RootServer(client_manager=client_manager, strategy=strategy,
-                      offset=start.round if start is not None else 0, fit_many=fit_many)
+    after ``start``'s rounds for a resumed run, observed by the run's recorder (outputs,
+    checkpoints; ``tracker``: the run's started tracker, hfl.output.tracking, fed by it)."""
+    restore = None if start is None else {**start.recorder, "round": start.round}
+    recorder = Recorder(run_dir, run_meta(cfg), int(cfg["global_rounds"]), restore=restore, tracker=tracker)
+    return RootServer(client_manager=client_manager, strategy=build_global_strategy(cfg, run_dir),
+                      offset=start.round if start is not None else 0, fit_many=fit_many, observers=[recorder])
 
 
 def rounds_left(cfg: Mapping, start: Checkpoint | None) -> int:
@@ -126,8 +126,7 @@ def freeze_long_lived_objects() -> None:
 def make_server_app(cfg: Mapping, run_dir: str | Path, start: Checkpoint | None = None,
                     tracker: tracking.Guarded | None = None) -> ServerApp:
     def server_fn(context: Context) -> ServerAppComponents:
-        strategy = build_global_strategy(cfg, run_dir, start, tracker)
-        return ServerAppComponents(server=root_server(strategy, SimpleClientManager(), start),
+        return ServerAppComponents(server=root_server(cfg, run_dir, SimpleClientManager(), start, tracker),
                                    config=ServerConfig(num_rounds=rounds_left(cfg, start)))
 
     return PolledServerApp(server_fn=server_fn, pull_interval=cfg["runtime"].get("poll_interval"))
@@ -154,8 +153,7 @@ def _flwr_server_fn(context: Context) -> ServerAppComponents:
     cfg = context_config(context)
     out = _output_dir(context)
     tracker = tracking.begin(tracking.open_tracker(cfg.get("logger"), out), cfg)  # the logger group
-    strategy = build_global_strategy(cfg, out, tracker=tracker)
-    return ServerAppComponents(server=root_server(strategy, SimpleClientManager()),
+    return ServerAppComponents(server=root_server(cfg, out, SimpleClientManager(), tracker=tracker),
                                config=ServerConfig(num_rounds=int(cfg["global_rounds"])))
 
 

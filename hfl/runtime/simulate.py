@@ -26,7 +26,6 @@ from hfl.runtime import sweep
 from hfl.config import schema
 from hfl.config.compose import CONF_DIR
 from hfl.runtime.apps import (
-    build_global_strategy,
     freeze_long_lived_objects,
     make_client_app,
     make_server_app,
@@ -62,13 +61,13 @@ def run_inprocess(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None,
         InProcessClientProxy(f"{t:06d}", lambda t=t: build_level1_node(cfg, t, cfg["runtime"]["state_dir"]).to_client())
         for t in range(len(tree.children("")))
     ]
-    manager, strategy = client_manager_of(proxies), build_global_strategy(cfg, run_dir, start, tracker)
+    manager = client_manager_of(proxies)
     # Only where some lowest node is small enough to be merged: else the parties would only keep
     # each other's nodes built (and glibc an allocation arena per thread: 3,500 devices in 5
     # teams peaked at 1.74 GiB against 1.5 one team at a time).
     smallest = min(len(tree.devices(path)) for path in tree.nodes_at(tree.depth - 1))
     lockstep = cfg["runtime"].get("batch_siblings", False) and smallest <= batched.MERGE_MAX_DEVICES
-    server = root_server(strategy, manager, start, fit_many=(
+    server = root_server(cfg, run_dir, manager, start, tracker, fit_many=(
         lambda server_round, timeout: fit_in_lockstep(batched.run_plan_requests, server_round, timeout)) if lockstep else None)
     freeze_long_lived_objects()
     server.set_max_workers(1)  # one level-1 node after the other (fit and evaluation rounds)
