@@ -12,6 +12,11 @@ The root does the same with T_0 = global_rounds, its state kept under node-root.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any, List, Optional  # noqa: UP035 - OmegaConf reads typing.List/Optional
+from omegaconf import MISSING
+from hfl.config.schema import HierFAVGConfig, NodeOptConfig
+
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -167,11 +172,35 @@ def device_config(alg: Mapping[str, Any], depth: int) -> dict:
             "residual_down": json.dumps(nodeopt.check_spec("algorithm.residual_down_opt", alg["residual_down_opt"]))}
 
 
+@dataclass
+class BHFLConfig(HierFAVGConfig):
+    """BHFL's keys (conf/algorithm/bhfl.yaml), registered as /schema/algorithm/bhfl from here."""
+
+    level_rounds: Optional[List[int]] = MISSING  # T_q per inner level 1..D-1
+    sample_fraction: Any = MISSING  # a number or a list, root first
+    up: NodeOptConfig = field(default_factory=NodeOptConfig)
+    down: NodeOptConfig = field(default_factory=NodeOptConfig)
+    levels: Any = MISSING  # per-depth overrides of up/down: {depth: {up: {...}, down: {...}}}
+    persistent_devices: bool = MISSING
+    residual_down: bool = MISSING
+    residual_down_opt: NodeOptConfig = field(default_factory=NodeOptConfig)
+    residual_up_k: int = MISSING
+    residual_up_opt: NodeOptConfig = field(default_factory=NodeOptConfig)
+    proxy_samples: Optional[List[int]] = MISSING  # per level 0..D-1
+    proxy_steps: int = MISSING
+    proxy_lr: float = MISSING
+    proxy_async: bool = MISSING  # proxy training beside the children's round, merged late
+    proxy_staleness: float = MISSING  # its update's factor at the merge
+    background_every: float = MISSING  # simulated seconds between a persistent device's own sessions; 0 = off
+    background_max: int = MISSING
+
+
 class BHFLServer(ServerRule):
     """A node's call: merge down once (not at the root), then T_q rounds of (proxy training,
     broadcast, merge up). ``state`` is what the node keeps for its next call (at the root: for
     its next round)."""
 
+    schema = BHFLConfig  # its keys' types, registered from here (hfl.config.schema.algorithm_schemas)
     merges_replies = True  # the up merge takes the children's weighted mean (residual edges aside: hfl.clock.checks)
     personalized = True  # PM = each device's persistent model
     any_depth = True  # the proposal's tree is of any depth

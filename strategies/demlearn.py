@@ -9,6 +9,10 @@ the plain team mean goes up so that the global mean is built from the devices al
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from omegaconf import MISSING
+from hfl.config.schema import AlgorithmConfig
+
 from flwr.common import NDArrays
 
 from hfl.algorithm import Replies
@@ -16,7 +20,16 @@ from hfl.rules.personal import mix
 from strategies.fedavg import FedAvgServer
 
 
+@dataclass
+class DemLearnConfig(AlgorithmConfig):
+    """DemLearn's keys (conf/algorithm/demlearn.yaml), registered as /schema/algorithm/demlearn from here."""
+
+    mu: float = MISSING
+    mix: float = MISSING
+
+
 class DemLearnServer(FedAvgServer):
+    schema = DemLearnConfig  # its keys' types, registered from here (hfl.config.schema.algorithm_schemas)
     personalized = True  # PM = the device models c
     any_depth = False  # the fixed team tree: three tiers
     keys = ("mu", "mix")

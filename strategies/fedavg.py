@@ -6,6 +6,11 @@ devices; with K > 1 at the lowest servers (``algorithm=hierfavg``) it is h-SGD /
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any  # noqa: UP035 - OmegaConf reads typing.List/Optional
+from omegaconf import MISSING
+from hfl.config.schema import HierFAVGConfig
+
 from typing import ClassVar
 
 from flwr.common import NDArrays, Scalar
@@ -13,9 +18,20 @@ from flwr.common import NDArrays, Scalar
 from hfl.algorithm import Replies, ServerRule
 
 
+@dataclass
+class FedAvgConfig(HierFAVGConfig):
+    """FedAvg's keys (conf/algorithm/fedavg.yaml), registered as /schema/algorithm/fedavg from here."""
+
+    local_labels: bool = MISSING
+    fit_test: bool = MISSING
+    sampling: str = MISSING  # children | devices
+    sample_fraction: Any = MISSING  # a number or a list, root first
+
+
 class FedAvgServer(ServerRule):
     """The weighted mean at every node; devices also get ``algorithm.<key>`` for each of ``keys``."""
 
+    schema = FedAvgConfig  # its keys' types, registered from here (hfl.config.schema.algorithm_schemas)
     keys: ClassVar[tuple[str, ...]] = ()
     merges_replies = True
     any_depth = True  # sample-weighted means compose exactly on any tree

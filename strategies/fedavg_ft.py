@@ -8,6 +8,10 @@ devices test the global model after fine-tuning it on their own training split.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from omegaconf import MISSING
+from strategies.fedavg import FedAvgConfig
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +20,16 @@ from hfl.rules.personal import check_keys
 from strategies.fedavg import FedAvgServer
 
 
+@dataclass
+class FedAvgFtConfig(FedAvgConfig):
+    """FedAvg+ (FedAvg, then each device fine-tunes the global model before testing it)."""
+
+    finetune_epochs: int = MISSING
+    finetune_lr: float = MISSING
+
+
 class FedAvgFTServer(FedAvgServer):
+    schema = FedAvgFtConfig  # its keys' types, registered from here (hfl.config.schema.algorithm_schemas)
     personalized = True  # PM = the global model, fine-tuned by each device
     pm_base = "gm"  # evaluation sends the GM as the PM's base (clients/fedavg_ft.py)
     keys = ("finetune_epochs", "finetune_lr")

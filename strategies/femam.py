@@ -21,6 +21,11 @@ and keep decisions, which the devices freeze.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import List, Optional  # noqa: UP035 - OmegaConf reads typing.List/Optional
+from omegaconf import MISSING
+from hfl.config.schema import HierFAVGConfig
+
 import json
 import logging
 from collections.abc import Mapping
@@ -301,11 +306,31 @@ class FemamRoot:
 
 
 # ---------------------------------------------------------------- the server
+@dataclass
+class FeMAMConfig(HierFAVGConfig):
+    """FeMAM and FeSEM (strategies.femam)."""
+
+    levels: List[int] = MISSING  # groups per level: 1 = global, K = clusters, 0 = personal (last only)
+    team_level: Optional[int] = MISSING  # 1-based cluster level whose groups are the lowest servers (fixed)
+    assign: str = MISSING  # kmeans | nearest
+    schedule: str = MISSING  # fixed | convergence
+    rounds_per_level: List[int] = MISSING
+    converge_window: int = MISSING
+    converge_tol: float = MISSING
+    local_epochs: Optional[int] = MISSING
+    prox: float = MISSING
+    prune: str = MISSING  # paper | code | none
+    prune_window: int = MISSING
+    kmeans_n_init: int = MISSING
+    level_rounds: Optional[List[int]] = MISSING
+
+
 class FemamServer(ServerRule):
     """The root runs the schedule (FemamRoot). An inner node forwards the root's payload; the
     lowest node hands each device its own start model (and the model to freeze), then relays
     what the root needs: validation rows and, at cluster levels, every device's model."""
 
+    schema = FeMAMConfig  # its keys' types, registered from here (hfl.config.schema.algorithm_schemas)
     personalized = True  # PM = the mean of the client's kept levels' outputs
     level_models = False  # servers relay; their means are no predictors of their own
     any_depth = True  # the root clusters relayed device models: any tree gives the flat run's models

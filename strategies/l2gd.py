@@ -19,6 +19,10 @@ which a device needs only the model it is sent). K = 1 and lam_team = 0 is flat 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from omegaconf import MISSING
+from hfl.config.schema import AlgorithmConfig
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,9 +53,18 @@ def step_sizes(alg: Mapping[str, Any]) -> dict[str, float]:
     return sizes
 
 
+@dataclass
+class L2GDConfig(AlgorithmConfig):
+    """L2GD and AL2GD."""
+
+    lam_global: float = MISSING
+    lam_team: float = MISSING
+
+
 class L2GDServer(FedAvgServer):
     """FedAvg's means; the servers also send the devices the step sizes."""
 
+    schema = L2GDConfig  # its keys' types, registered from here (hfl.config.schema.algorithm_schemas)
     personalized = True  # PM = the device models
     any_depth = False  # three tiers only
 

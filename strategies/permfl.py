@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from omegaconf import MISSING
+from hfl.config.schema import AlgorithmConfig
+
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -24,10 +28,22 @@ def global_update(x: Sequence[T], w_bar: Sequence[T], beta: float, gamma: float)
     return [(1.0 - beta * gamma) * xi + beta * gamma * wi for xi, wi in zip(x, w_bar, strict=True)]
 
 
+@dataclass
+class PerMFLConfig(AlgorithmConfig):
+    """PerMFL's keys (conf/algorithm/permfl.yaml), registered as /schema/algorithm/permfl from here."""
+
+    eta: float = MISSING
+    lam: float = MISSING
+    gamma: float = MISSING
+    beta: float = MISSING
+    prox_slip: bool = MISSING
+
+
 class PerMFLServer(ServerRule):
     """Algorithm 1: a team moves by ``team_update`` toward its devices' mean and its parent's
     model x; the root by ``global_update`` toward the teams' mean."""
 
+    schema = PerMFLConfig  # its keys' types, registered from here (hfl.config.schema.algorithm_schemas)
     personalized = True  # devices keep theta, their PM (three tiers only: any_depth stays false)
 
     @classmethod

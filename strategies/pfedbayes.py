@@ -5,6 +5,10 @@ the team ones (pFedMe's server, which pFedBayes's code inherits)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from omegaconf import MISSING
+from hfl.config.schema import AlgorithmConfig
+
 import numpy as np
 from flwr.common import NDArrays
 
@@ -17,7 +21,20 @@ def bayesian_initial(initial: NDArrays, rho_offset: float) -> NDArrays:
     return [*initial, *[np.full_like(a, rho_offset) for a in initial]]
 
 
+@dataclass
+class PFedBayesConfig(AlgorithmConfig):
+    """PFedBayes's keys (conf/algorithm/pfedbayes.yaml), registered as /schema/algorithm/pfedbayes from here."""
+
+    personal_steps: int = MISSING
+    personal_lr: float = MISSING
+    zeta: float = MISSING
+    rho_offset: float = MISSING
+    noise_scale: float = MISSING
+    beta: float = MISSING
+
+
 class PFedBayesServer(PFedMeServer):
+    schema = PFedBayesConfig  # its keys' types, registered from here (hfl.config.schema.algorithm_schemas)
     keys = ("personal_lr", "zeta", "personal_steps", "noise_scale")
 
     def start(self) -> NDArrays:

@@ -4,6 +4,10 @@ x <- (1 - beta) x + beta * mean(w). With K = 1 this is pFedMe's server over all 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from omegaconf import MISSING
+from hfl.config.schema import AlgorithmConfig
+
 from flwr.common import NDArrays
 
 from hfl.algorithm import Replies
@@ -11,7 +15,18 @@ from hfl.rules.personal import mix
 from strategies.fedavg import FedAvgServer
 
 
+@dataclass
+class PFedMeConfig(AlgorithmConfig):
+    """PFedMe's keys (conf/algorithm/pfedme.yaml), registered as /schema/algorithm/pfedme from here."""
+
+    lam: float = MISSING
+    beta: float = MISSING
+    inner_steps: int = MISSING
+    personal_lr: float = MISSING
+
+
 class PFedMeServer(FedAvgServer):
+    schema = PFedMeConfig  # its keys' types, registered from here (hfl.config.schema.algorithm_schemas)
     personalized = True  # PM = theta
     any_depth = False  # three tiers only
     keys = ("lam", "personal_lr", "inner_steps")

@@ -15,6 +15,11 @@ The pure rules come first; the Flower servers below only wire them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, List, Optional  # noqa: UP035 - OmegaConf reads typing.List/Optional
+from omegaconf import MISSING
+from hfl.config.schema import HierFAVGConfig
+
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -144,11 +149,25 @@ def num_sampled(cfg: Mapping[str, Any], num_devices: int) -> int:
 
 
 # ---------------------------------------------------------------- the server
+@dataclass
+class PFLEGOConfig(HierFAVGConfig):
+    """PFLEGO's keys (conf/algorithm/pflego.yaml), registered as /schema/algorithm/pflego from here."""
+
+    local_labels: bool = MISSING
+    sampling: str = MISSING  # children | devices
+    sample_fraction: Any = MISSING  # a number or a list, root first
+    server_lr: float = MISSING
+    server_optimizer: str = MISSING  # adam | sgd
+    level_rounds: Optional[List[int]] = MISSING
+    fit_test: bool = MISSING
+
+
 class PflegoServer(ServerRule):
     """An inner node: the N-weighted mean of its children's gradients (its reply is a gradient).
     The root: its optimiser's step on the sampled devices' gradients (adam or eq. 4's sgd), on
     the body alone, the optimiser's state kept in the store with it."""
 
+    schema = PFLEGOConfig  # its keys' types, registered from here (hfl.config.schema.algorithm_schemas)
     reply_kind = "gradient"  # servers relay gradients, not models
     personalized = True  # PM = the root's body + the device's own head
     global_model = False  # the root's body has no head: no model of its own to test

@@ -200,7 +200,7 @@ def test_every_option_extends_its_schema_and_keeps_its_values(group, option):
 
 
 def test_schema_fields_have_no_defaults_of_their_own():
-    classes = [schema.HflConfig, schema.NodeOptConfig, *(c for group in schema.SCHEMAS.values() for c in group.values())]
+    classes = [schema.HflConfig, schema.NodeOptConfig, *(c for group in schema.SCHEMAS for c in schema._group_schemas(group))]
     for cls in classes:
         for f in dataclasses.fields(cls):
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default

@@ -19,9 +19,11 @@ shape), so a wrong type is refused while Hydra composes, naming the key
 ``ConfigError``). Float keys accept integers (``algorithm.alpha=1`` is 1.0; so the runtime's
 seconds and ``num_cpus_per_team``, floats, show as ``1.0`` where the YAML says ``1``).
 
-Algorithms differ in their keys. ``AlgorithmConfig`` declares the keys every algorithm has;
-each algorithm with more keys has a dataclass subclassing it (``PerMFLConfig``, ``BHFLConfig``,
-...) whose schema its YAML file names, so its own keys are typed too. A schema is closed, as
+Algorithms differ in their keys. ``AlgorithmConfig`` declares the keys every algorithm has
+(``HierFAVGConfig``: the same, HierFAVG's); each algorithm with more keys has a dataclass
+subclassing it beside its rule (``strategies/permfl.py``'s ``PerMFLConfig``, ``PerMFLServer.schema``;
+``BHFLConfig``, ...), registered by ``algorithm_schemas`` under the name its YAML file's
+defaults list gives, so its own keys are typed too and adding an algorithm touches no file of hfl. A schema is closed, as
 Hydra's configs are, and stays closed to ``+key=value``/``++key=value`` (which Hydra lets through):
 ``check_keys`` refuses after composing a key nothing reads, naming the closest real key or the
 option that has it (``OPEN_KEYS``: the optional keys hfl reads for every option); a preset that sets another algorithm's key (``experiment=permfl_mnist_mclr
@@ -106,151 +108,8 @@ class AlgorithmConfig:
 
 
 @dataclass
-class PerMFLConfig(AlgorithmConfig):
-    eta: float = MISSING
-    lam: float = MISSING
-    gamma: float = MISSING
-    beta: float = MISSING
-    prox_slip: bool = MISSING
-
-
-@dataclass
 class HierFAVGConfig(AlgorithmConfig):
     """HierFAVG's keys: those of every algorithm (the base of the FedAvg family's schemas)."""
-
-
-@dataclass
-class FedAvgConfig(HierFAVGConfig):
-    local_labels: bool = MISSING
-    fit_test: bool = MISSING
-    sampling: str = MISSING  # children | devices
-    sample_fraction: Any = MISSING  # a number or a list, root first
-
-
-@dataclass
-class FedAvgFtConfig(FedAvgConfig):
-    """FedAvg+ (FedAvg, then each device fine-tunes the global model before testing it)."""
-
-    finetune_epochs: int = MISSING
-    finetune_lr: float = MISSING
-
-
-@dataclass
-class FedPerConfig(FedAvgConfig):
-    head_layers: int = MISSING
-
-
-@dataclass
-class FedProxConfig(HierFAVGConfig):
-    mu: float = MISSING
-
-
-@dataclass
-class FedRepConfig(HierFAVGConfig):
-    head_steps: Any = MISSING  # an integer >= 1: checked by strategies.fedrep (tests pin its message)
-    head_layers: int = MISSING
-
-
-@dataclass
-class LocalConfig(HierFAVGConfig):
-    """Local training: no keys of its own."""
-
-
-@dataclass
-class DittoConfig(HierFAVGConfig):
-    lam: float = MISSING
-
-
-@dataclass
-class L2GDConfig(AlgorithmConfig):
-    """L2GD and AL2GD."""
-
-    lam_global: float = MISSING
-    lam_team: float = MISSING
-
-
-@dataclass
-class DemLearnConfig(AlgorithmConfig):
-    mu: float = MISSING
-    mix: float = MISSING
-
-
-@dataclass
-class PerFedAvgConfig(AlgorithmConfig):
-    """Per-FedAvg, both variants."""
-
-    beta: float = MISSING
-    variant: str = MISSING  # fo | hf
-    delta: float = MISSING
-
-
-@dataclass
-class PFedMeConfig(AlgorithmConfig):
-    lam: float = MISSING
-    beta: float = MISSING
-    inner_steps: int = MISSING
-    personal_lr: float = MISSING
-
-
-@dataclass
-class PFedBayesConfig(AlgorithmConfig):
-    personal_steps: int = MISSING
-    personal_lr: float = MISSING
-    zeta: float = MISSING
-    rho_offset: float = MISSING
-    noise_scale: float = MISSING
-    beta: float = MISSING
-
-
-@dataclass
-class PFLEGOConfig(HierFAVGConfig):
-    local_labels: bool = MISSING
-    sampling: str = MISSING  # children | devices
-    sample_fraction: Any = MISSING  # a number or a list, root first
-    server_lr: float = MISSING
-    server_optimizer: str = MISSING  # adam | sgd
-    level_rounds: Optional[List[int]] = MISSING
-    fit_test: bool = MISSING
-
-
-@dataclass
-class BHFLConfig(HierFAVGConfig):
-    level_rounds: Optional[List[int]] = MISSING  # T_q per inner level 1..D-1
-    sample_fraction: Any = MISSING  # a number or a list, root first
-    up: NodeOptConfig = field(default_factory=NodeOptConfig)
-    down: NodeOptConfig = field(default_factory=NodeOptConfig)
-    levels: Any = MISSING  # per-depth overrides of up/down: {depth: {up: {...}, down: {...}}}
-    persistent_devices: bool = MISSING
-    residual_down: bool = MISSING
-    residual_down_opt: NodeOptConfig = field(default_factory=NodeOptConfig)
-    residual_up_k: int = MISSING
-    residual_up_opt: NodeOptConfig = field(default_factory=NodeOptConfig)
-    proxy_samples: Optional[List[int]] = MISSING  # per level 0..D-1
-    proxy_steps: int = MISSING
-    proxy_lr: float = MISSING
-    proxy_async: bool = MISSING  # proxy training beside the children's round, merged late
-    proxy_staleness: float = MISSING  # its update's factor at the merge
-    background_every: float = MISSING  # simulated seconds between a persistent device's own sessions; 0 = off
-    background_max: int = MISSING
-
-
-@dataclass
-class FeMAMConfig(HierFAVGConfig):
-    """FeMAM and FeSEM (strategies.femam)."""
-
-    levels: List[int] = MISSING  # groups per level: 1 = global, K = clusters, 0 = personal (last only)
-    team_level: Optional[int] = MISSING  # 1-based cluster level whose groups are the lowest servers (fixed)
-    assign: str = MISSING  # kmeans | nearest
-    schedule: str = MISSING  # fixed | convergence
-    rounds_per_level: List[int] = MISSING
-    converge_window: int = MISSING
-    converge_tol: float = MISSING
-    local_epochs: Optional[int] = MISSING
-    prox: float = MISSING
-    prune: str = MISSING  # paper | code | none
-    prune_window: int = MISSING
-    kmeans_n_init: int = MISSING
-    level_rounds: Optional[List[int]] = MISSING
 
 
 # ------------------------------------------------------------------------------- dataset
@@ -463,25 +322,9 @@ class HflConfig:
 
 # group -> {schema name -> dataclass}; a YAML file names one as /schema/<group>/<name>@_here_.
 SCHEMAS: dict[str, dict[str, type]] = {
-    "algorithm": {
+    "algorithm": {  # the bases; every algorithm's own schema sits beside its rule (ServerRule.schema)
         "base": AlgorithmConfig,
-        "permfl": PerMFLConfig,
         "hierfavg": HierFAVGConfig,
-        "fedavg": FedAvgConfig,
-        "fedavg_ft": FedAvgFtConfig,
-        "fedper": FedPerConfig,
-        "fedprox": FedProxConfig,
-        "fedrep": FedRepConfig,
-        "local": LocalConfig,
-        "ditto": DittoConfig,
-        "l2gd": L2GDConfig,
-        "demlearn": DemLearnConfig,
-        "perfedavg": PerFedAvgConfig,
-        "pfedme": PFedMeConfig,
-        "pfedbayes": PFedBayesConfig,
-        "pflego": PFLEGOConfig,
-        "bhfl": BHFLConfig,
-        "femam": FeMAMConfig,
     },
     "dataset": {"vision": VisionDatasetConfig, "synthetic": SyntheticDatasetConfig,
                 "synthetic_multilevel": SyntheticMultilevelDatasetConfig},
@@ -670,7 +513,7 @@ def unknown_key(key: str, owner: type | None, where: str = "", alg: Any = None) 
         return ConfigError(key, f"no such key in this {parent}; it belongs to {shown}{where}")
     close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
     if not close and not parent:  # a top-level key: a group's key given without its group?
-        close = [f"{group}.{name}" for group in SCHEMAS for node in SCHEMAS[group].values()
+        close = [f"{group}.{name}" for group in SCHEMAS for node in _group_schemas(group)
                  if name in {f.name for f in dataclasses.fields(node)}][:1]
         prefix = ""
     if close:
@@ -690,11 +533,19 @@ def _class_name(alg: Any, kind: str) -> str:
         return "ServerRule" if kind == "rule" else "DeviceClient"
 
 
+def _group_schemas(group: str) -> list[type]:
+    """Every schema of ``group``: hfl's (SCHEMAS) and, for algorithms, those beside their rules."""
+    found = list(SCHEMAS[group].values())
+    if group == "algorithm":
+        found += [node for _, node, _ in algorithm_schemas()]
+    return found
+
+
 def _dataclass_named(found: re.Match | None) -> type | None:
     """A schema dataclass by its class name (Hydra's message for a file names it ``object_type=X``)."""
     if found is None:
         return None
-    classes = [HflConfig, ClockConfig, NodeOptConfig, *(c for group in SCHEMAS.values() for c in group.values())]
+    classes = [HflConfig, ClockConfig, NodeOptConfig, *(c for group in SCHEMAS for c in _group_schemas(group))]
     return next((c for c in classes if c.__name__ == found.group(1)), None)
 
 
