@@ -77,3 +77,21 @@ def test_presets_are_the_full_papers_setting_and_combine_with_table2_teams(exper
     assert (cfg["topology"]["num_teams"], cfg["topology"]["devices_per_team"]) == (4, 10)
     worst = compose_cfg(f"experiment={experiment}", "topology=by_label_worst")
     assert worst["topology"]["num_teams"] == 2 and worst["algorithm"]["lam"] == 0.5
+
+
+@pytest.mark.parametrize(("algorithm", "defined"), [("permfl", False), ("pfedme", False), ("fedavg", True),
+                                                    ("pflego", True)])
+def test_a_deeper_tree_follows_the_rules_any_depth(algorithm, defined):
+    """Whether an algorithm runs on a tree deeper than three tiers is its rule's class attribute
+    (ServerRule.any_depth), not a config key: a deeper tree is refused naming topology.fanout."""
+    from hfl.config.checks import load_server
+    from hfl.runtime.build import check_tree, federation_for
+
+    cfg = compose_cfg(f"algorithm={algorithm}", "topology=tree", "topology.fanout=[2,2,3]", "dataset.max_samples=300",
+                      *(["dataset.partition=roundrobin"] if algorithm == "pflego" else []))
+    assert load_server(cfg["algorithm"]).any_depth is defined
+    if defined:
+        check_tree(cfg, federation_for(cfg).tree)
+    else:
+        with pytest.raises(ConfigError, match=r"topology\.fanout: .*defined for three tiers"):
+            check_tree(cfg, federation_for(cfg).tree)
