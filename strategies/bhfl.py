@@ -14,16 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, List, Optional  # noqa: UP035 - OmegaConf reads typing.List/Optional
-from omegaconf import MISSING
-from hfl.config.schema import HierFAVGConfig, NodeOptConfig
-
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
 
+from omegaconf import MISSING
 import numpy as np
 from flwr.common import NDArrays, Parameters, Scalar, parameters_to_ndarrays
 
+from hfl.config.schema import HierFAVGConfig, NodeOptConfig
 from hfl.rules.steps import sgd_step
 from hfl.rules import nodeopt
 from hfl.rules.aggregate import mean_of
@@ -35,6 +33,7 @@ from hfl.algorithm import Message, NodeContext, Replies, ServerRule, Update, mod
 from hfl.rules.payload import pack
 from hfl.seed import derive_seed
 from hfl.device.training import BatchSampler, LocalTrainer, run_local_steps, to_ndarrays, to_tensors
+
 
 DIRECTIONS = ("up", "down")
 RES_DOWN = "res_down"  # part names "res_down<level>": the model of the ancestor at that level

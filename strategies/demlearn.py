@@ -10,11 +10,11 @@ the plain team mean goes up so that the global mean is built from the devices al
 from __future__ import annotations
 
 from dataclasses import dataclass
-from omegaconf import MISSING
-from hfl.config.schema import AlgorithmConfig
 
+from omegaconf import MISSING
 from flwr.common import NDArrays
 
+from hfl.config.schema import AlgorithmConfig
 from hfl.algorithm import Replies
 from hfl.rules.personal import mix
 from strategies.fedavg import FedAvgServer

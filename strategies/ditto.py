@@ -1,9 +1,10 @@
 """Ditto servers: FedAvg of the devices' global-model updates; the devices also get lam."""
 
 from dataclasses import dataclass
-from omegaconf import MISSING
-from hfl.config.schema import HierFAVGConfig
 
+from omegaconf import MISSING
+
+from hfl.config.schema import HierFAVGConfig
 from strategies.fedavg import FedAvgServer
 
 

@@ -7,14 +7,12 @@ devices; with K > 1 at the lowest servers (``algorithm=hierfavg``) it is h-SGD /
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any  # noqa: UP035 - OmegaConf reads typing.List/Optional
+from typing import Any, ClassVar
+
 from omegaconf import MISSING
-from hfl.config.schema import HierFAVGConfig
-
-from typing import ClassVar
-
 from flwr.common import NDArrays, Scalar
 
+from hfl.config.schema import HierFAVGConfig
 from hfl.algorithm import Replies, ServerRule
 
 

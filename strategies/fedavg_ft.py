@@ -9,12 +9,12 @@ devices test the global model after fine-tuning it on their own training split.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from omegaconf import MISSING
-from strategies.fedavg import FedAvgConfig
-
 from collections.abc import Mapping
 from typing import Any
 
+from omegaconf import MISSING
+
+from strategies.fedavg import FedAvgConfig
 from hfl.errors import ConfigError
 from hfl.rules.personal import check_keys
 from strategies.fedavg import FedAvgServer

@@ -1,9 +1,10 @@
 """FedPer servers: FedAvg's weighted means (of the bodies; heads come back unchanged)."""
 
 from dataclasses import dataclass
-from omegaconf import MISSING
-from strategies.fedavg import FedAvgConfig
 
+from omegaconf import MISSING
+
+from strategies.fedavg import FedAvgConfig
 from strategies.fedavg import FedAvgServer
 
 

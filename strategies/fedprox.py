@@ -1,9 +1,10 @@
 """FedProx servers: FedAvg's weighted means; the devices also get mu."""
 
 from dataclasses import dataclass
-from omegaconf import MISSING
-from hfl.config.schema import HierFAVGConfig
 
+from omegaconf import MISSING
+
+from hfl.config.schema import HierFAVGConfig
 from strategies.fedavg import FedAvgServer
 
 

@@ -1,10 +1,11 @@
 """FedRep servers: FedAvg's weighted means (of the bodies; heads come back unchanged)."""
 
 from dataclasses import dataclass
-from typing import Any  # noqa: UP035 - OmegaConf reads typing.List/Optional
-from omegaconf import MISSING
-from hfl.config.schema import HierFAVGConfig
+from typing import Any
 
+from omegaconf import MISSING
+
+from hfl.config.schema import HierFAVGConfig
 from strategies.fedavg import FedAvgServer
 
 

@@ -22,18 +22,16 @@ and keep decisions, which the devices freeze.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional  # noqa: UP035 - OmegaConf reads typing.List/Optional
-from omegaconf import MISSING
-from hfl.config.schema import HierFAVGConfig
-
+from typing import Any, List, Optional  # noqa: UP035 - OmegaConf reads typing.List/Optional
 import json
 import logging
 from collections.abc import Mapping
-from typing import Any
 
+from omegaconf import MISSING
 import numpy as np
 from flwr.common import NDArrays, Scalar
 
+from hfl.config.schema import HierFAVGConfig
 from hfl.algorithm import Message, NodeContext, Replies, ServerRule
 from hfl.rules.aggregate import mean_of
 from hfl.data.federation import devices_without_validation
@@ -45,6 +43,7 @@ from strategies.femam_rules import (
     CLUSTER, GLOBAL, KIND_CODES, KINDS, PERSONAL, TEAM, Schedule, clustering_features, flat_model,
     group_means, keeps_level, kmeans_labels, last_kept, level_kind, nearest_labels,
 )
+
 
 log = logging.getLogger(__name__)
 PRUNE = ("paper", "code", "none")

@@ -20,14 +20,13 @@ which a device needs only the model it is sent). K = 1 and lam_team = 0 is flat 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from omegaconf import MISSING
-from hfl.config.schema import AlgorithmConfig
-
 from collections.abc import Mapping
 from typing import Any
 
+from omegaconf import MISSING
 from flwr.common import Scalar
 
+from hfl.config.schema import AlgorithmConfig
 from hfl.errors import ConfigError
 from hfl.rules.personal import check_keys
 from strategies.fedavg import FedAvgServer

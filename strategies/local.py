@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from omegaconf import MISSING
-from hfl.config.schema import HierFAVGConfig
 
+from omegaconf import MISSING
 from flwr.common import NDArrays
 
+from hfl.config.schema import HierFAVGConfig
 from hfl.algorithm import Replies
 from strategies.fedavg import FedAvgServer
 

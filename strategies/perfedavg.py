@@ -2,9 +2,10 @@
 beta, the variant (fo/hf) and delta."""
 
 from dataclasses import dataclass
-from omegaconf import MISSING
-from hfl.config.schema import AlgorithmConfig
 
+from omegaconf import MISSING
+
+from hfl.config.schema import AlgorithmConfig
 from strategies.fedavg import FedAvgServer
 
 

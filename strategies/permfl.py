@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from omegaconf import MISSING
-from hfl.config.schema import AlgorithmConfig
-
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
+from omegaconf import MISSING
 from flwr.common import NDArrays, Scalar
 
+from hfl.config.schema import AlgorithmConfig
 from hfl.algorithm import Replies, ServerRule
 from hfl.rules.personal import check_keys
+
 
 T = TypeVar("T")
 

@@ -6,12 +6,12 @@ the team ones (pFedMe's server, which pFedBayes's code inherits)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from omegaconf import MISSING
-from hfl.config.schema import AlgorithmConfig
 
+from omegaconf import MISSING
 import numpy as np
 from flwr.common import NDArrays
 
+from hfl.config.schema import AlgorithmConfig
 from hfl.algorithm import model_from_state
 from strategies.pfedme import PFedMeServer
 

@@ -5,11 +5,11 @@ x <- (1 - beta) x + beta * mean(w). With K = 1 this is pFedMe's server over all 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from omegaconf import MISSING
-from hfl.config.schema import AlgorithmConfig
 
+from omegaconf import MISSING
 from flwr.common import NDArrays
 
+from hfl.config.schema import AlgorithmConfig
 from hfl.algorithm import Replies
 from hfl.rules.personal import mix
 from strategies.fedavg import FedAvgServer

@@ -17,17 +17,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, List, Optional  # noqa: UP035 - OmegaConf reads typing.List/Optional
-from omegaconf import MISSING
-from hfl.config.schema import HierFAVGConfig
-
 from collections.abc import Mapping, Sequence
-from typing import Any
 
+from omegaconf import MISSING
 import numpy as np
 import torch
 import torch.nn.functional as F
 from flwr.common import NDArrays, Scalar
 
+from hfl.config.schema import HierFAVGConfig
 from hfl.rules import nodeopt
 from hfl.data.federation import device_sizes
 from hfl.errors import ConfigError
@@ -36,6 +34,7 @@ from hfl.algorithm import NodeContext, Replies, ServerRule, model_from_state
 from hfl.data.labels import model_classes
 from hfl.rules.personal import check_keys, head_mask
 from hfl.tree.sampling import sample_size
+
 
 OPTIMIZERS = ("adam", "sgd")
 OPT = "opt."  # the root's optimiser state in its stored state
