@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from omegaconf import MISSING
+import numpy as np
 from flwr.common import NDArrays, Scalar
+from omegaconf import MISSING
 
+from hfl.algorithm import NodeContext, Replies, ServerRule
 from hfl.config.schema import HierFAVGConfig
-from hfl.algorithm import Replies, ServerRule
+from hfl.rules.fit_test import DevicesOwnTest
 
 
 @dataclass
@@ -26,7 +28,7 @@ class FedAvgConfig(HierFAVGConfig):
     sample_fraction: Any = MISSING  # a number or a list, root first
 
 
-class FedAvgServer(ServerRule):
+class FedAvgServer(DevicesOwnTest, ServerRule):
     """The weighted mean at every node; devices also get ``algorithm.<key>`` for each of ``keys``."""
 
     schema = FedAvgConfig  # its keys' types, registered from here (hfl.config.schema.algorithm_schemas)
@@ -34,13 +36,24 @@ class FedAvgServer(ServerRule):
     merges_replies = True
     any_depth = True  # sample-weighted means compose exactly on any tree
 
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self._load_fit_test(ctx.state, ctx.is_root)  # with fit_test: the PFLEGO paper's figure (hfl.rules.fit_test)
+
     def fit_config(self) -> dict[str, Scalar]:
         alg = self.alg
         return {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "fit_test": bool(alg.get("fit_test", False)),
                 **{key: alg[key] for key in self.keys}}
 
     def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:
+        self._record_fit_test(replies)
         return replies.mean(bool(self.alg["weighted"]))
+
+    def state(self) -> dict[str, np.ndarray]:
+        return self._fit_test_state()
+
+    def evaluation_metrics(self, model: NDArrays) -> dict[str, float]:
+        return self._fit_test_metrics()
 
 
 SERVER = FedAvgServer

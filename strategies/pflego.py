@@ -32,6 +32,7 @@ from hfl.errors import ConfigError
 from hfl.models import build_model
 from hfl.algorithm import NodeContext, Replies, ServerRule, model_from_state
 from hfl.data.labels import model_classes
+from hfl.rules.fit_test import DevicesOwnTest
 from hfl.rules.personal import check_keys, head_mask
 from hfl.tree.sampling import sample_size
 
@@ -161,7 +162,7 @@ class PFLEGOConfig(HierFAVGConfig):
     fit_test: bool = MISSING
 
 
-class PflegoServer(ServerRule):
+class PflegoServer(DevicesOwnTest, ServerRule):
     """An inner node: the N-weighted mean of its children's gradients (its reply is a gradient).
     The root: its optimiser's step on the sampled devices' gradients (adam or eq. 4's sgd), on
     the body alone, the optimiser's state kept in the store with it."""
@@ -180,6 +181,7 @@ class PflegoServer(ServerRule):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
+        self._load_fit_test(ctx.state, ctx.is_root)  # the paper's figure (hfl.rules.fit_test)
         self.num_devices = len(ctx.fed.devices) if ctx.fed is not None else 0
         if ctx.is_root:
             self.optimizer = optimizer_spec(ctx.alg)
@@ -216,6 +218,7 @@ class PflegoServer(ServerRule):
         mean = replies.mean()
         if not self.ctx.is_root:
             return mean
+        self._record_fit_test(replies)
         if self.optimizer["optimizer"] == "sgd":
             scale = gradient_step_scale(sum(replies.weights), self.total_examples, self.num_devices, self.num_sampled)
         else:  # the authors' code: alpha normalised over the sampled devices, times I/r
@@ -224,7 +227,12 @@ class PflegoServer(ServerRule):
         return theta
 
     def state(self) -> dict[str, np.ndarray]:
-        return {f"{OPT}{k}": v for k, v in self.opt_state.items()} if self.ctx.is_root else {}
+        if not self.ctx.is_root:
+            return {}
+        return {**{f"{OPT}{k}": v for k, v in self.opt_state.items()}, **self._fit_test_state()}
+
+    def evaluation_metrics(self, model: NDArrays) -> dict[str, float]:
+        return self._fit_test_metrics()
 
 
 SERVER = PflegoServer

@@ -274,9 +274,6 @@ class RootStrategy(Strategy):
                 f"needed (algorithm.min_fit_fraction={self.min_fit_fraction:g}); {len(failures)} failures, "
                 f"{rejected} rejected{first_failure(failures)}"
             )
-        # The devices' own test after training (fit_test): counted for the recorder's figure.
-        for key in ("fit_test_correct", "fit_test_samples"):
-            self._round[key] = sum(int(res.metrics.get(key, 0)) for _, res in results)
         self.current = self.rule.aggregate(self.current, Replies(server_round, str(server_round), accepted))
         return ndarrays_to_parameters(self.current), {"rejected": rejected}
 

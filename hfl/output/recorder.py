@@ -57,17 +57,6 @@ def accuracy_keys(lines: list[dict]) -> list[str]:
     return first + sorted(found - set(first))
 
 
-def fit_test_metrics(history: list[float], window: int = 10) -> dict[str, float]:
-    """The PFLEGO paper's figure from the per-round accuracies of the sampled devices (each after
-    its training, before the root's step, pooled over their test samples; ``fit_test``):
-    ``pflego_accuracy``, the mean of the last ``window`` rounds, and ``pflego_round_accuracy``,
-    the last round's."""
-    if not history:
-        return {}
-    last = history[-window:]
-    return {"pflego_accuracy": sum(last) / len(last), "pflego_round_accuracy": history[-1]}
-
-
 def _rewrite(path: Path, lines: list[str]) -> None:
     atomic_write_bytes(path, "".join(line + "\n" for line in lines).encode())
 
@@ -113,7 +102,6 @@ class Recorder:
         self.lines: list[dict] = []
         self.totals = dict.fromkeys(TRAFFIC_KEYS, 0)
         self.failures = 0
-        self.fit_test_history: list[float] = []  # per global round: the drawn devices' own test after training
         # samples.jsonl's rows so far, counted and hashed: the checkpoint records both (resume.check_samples)
         self.samples_rows, self.samples_hash = 0, hashlib.sha256()
         self.warnings: list[str] = []  # the console's warnings, for report.md (WarningsKept)
@@ -130,7 +118,6 @@ class Recorder:
         self.lines = [dict(line) for line in restore["lines"]]
         self.totals = dict(restore["totals"])
         self.failures = int(restore["failures"])
-        self.fit_test_history = list(restore.get("fit_test_history", []))
         self.warnings[:0] = restore.get("warnings", [])
         # The checkpoint's lines are the rows of its rounds, written as round_done writes them.
         _rewrite(self.metrics_path, [json.dumps(line) for line in self.lines])
@@ -144,7 +131,7 @@ class Recorder:
         """What a resumed run's recorder needs (hfl.state.resume)."""
         return {"round_seconds": list(self.round_seconds), "lines": [dict(line) for line in self.lines],
                 "totals": dict(self.totals), "failures": self.failures,
-                "fit_test_history": list(self.fit_test_history), "warnings": list(self.warnings),
+                "warnings": list(self.warnings),
                 "samples": {"rows": self.samples_rows, "sha256": self.samples_hash.hexdigest()}}
 
     def _count_sample(self, line: str) -> None:
@@ -163,9 +150,6 @@ class Recorder:
         resumes from, before the last round's summary and plots."""
         interrupts.hold_if_stopping()
         self.round_seconds.append(seconds)
-        tested = int(counters.get("fit_test_samples", 0))
-        if tested:
-            self.fit_test_history.append(int(counters.get("fit_test_correct", 0)) / tested)
         self.failures += int(counters.get("failures", 0))
         moved = traffic(counters)
         for key, value in moved.items():
@@ -179,7 +163,7 @@ class Recorder:
                     f.write(line + "\n")
                     self._count_sample(line)
         if evaluation is not None:
-            line = {"round": rnd, **evaluation, **fit_test_metrics(self.fit_test_history), "seconds": seconds,
+            line = {"round": rnd, **evaluation, "seconds": seconds,
                     "compute_seconds": counters.get("compute_seconds", 0.0),
                     "failures": int(counters.get("failures", 0)),
                     "evaluation_failures": int(counters.get("evaluation_failures", 0)),
