@@ -46,9 +46,12 @@ def fleet_paths() -> frozenset[str]:
     return paths
 
 
-def _one_line(status: int, text: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
+async def _answer(send: Send, status: int, text: str) -> None:
+    """A one-line plain-text answer of the gate's own (a refusal, a dead SuperLink)."""
     body = (text + "\n").encode()
-    return [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())], body
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class FleetGate:
@@ -78,25 +81,19 @@ class FleetGate:
             client = scope.get("client") or ("?", 0)
             log.warning("refused %s %s from %s:%s (only the Fleet API is served here)", scope["method"], path[:200],
                         *client)
-            headers, body = _one_line(403, "hfl gate: only Flower's Fleet API is served on this port; run "
-                                           "submission is on the SuperLink's own host")
-            await send({"type": "http.response.start", "status": 403, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+            await _answer(send, 403, "hfl gate: only Flower's Fleet API is served on this port; run "
+                                     "submission is on the SuperLink's own host")
             return
         body = await self._body(receive)
         if body is None:
-            headers, text = _one_line(413, "hfl gate: request too large")
-            await send({"type": "http.response.start", "status": 413, "headers": headers})
-            await send({"type": "http.response.body", "body": text})
+            await _answer(send, 413, "hfl gate: request too large")
             return
         forwarded = [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
         assert self.client is not None
         try:
             reply = await self.client.post(f"{self.scheme}://{self.upstream}{path}", content=body, headers=forwarded)
         except httpx.TransportError as exc:  # the SuperLink is down or restarting: the SuperNode retries on 502/503
-            headers, text = _one_line(502, f"hfl gate: the SuperLink at {self.upstream} does not answer ({exc})")
-            await send({"type": "http.response.start", "status": 502, "headers": headers})
-            await send({"type": "http.response.body", "body": text})
+            await _answer(send, 502, f"hfl gate: the SuperLink at {self.upstream} does not answer ({exc})")
             return
         content = reply.content
         out = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.multi_items()

@@ -24,11 +24,11 @@ from hfl.clock.model import Clock
 from hfl.clock.policy import LevelPolicy
 from hfl.clock.timer import SIM_TIME, NodeTimer, without_clock
 from hfl.node.evaluation import DeviceScore, add_reports, evaluation_result, target_report
-from hfl.node.cohort import evaluation_cohort, fit_cohort
+from hfl.node.cohort import fit_cohort
 from hfl.node.inprocess import (EvaluateMany, FitMany, client_manager_of, evaluate_children, fit_one_by_one,
                                 ordered_children, run_fit_rounds)
 from hfl.rules.payload import LocalParameters, Payload, decode, npy_nbytes, pack, unpack
-from hfl.tree.sampling import parse_devices
+from hfl.tree.sampling import evaluation_sample, parse_devices
 from hfl.node.strategy import LEVEL1_INDEX, NodeStrategy
 from hfl.state.store import StateStore
 from hfl.tree.shape import level_of
@@ -164,8 +164,8 @@ class NodeClient(NumPyClient):
         if spec.eval_fraction >= 1:
             return self.children, []
         global_round = int(config.get("global_round", 0))
-        asked = evaluation_cohort(ordered_children(self.children), path=spec.path, seed=spec.seed,
-                                  fraction=spec.eval_fraction, global_round=global_round)
+        asked = evaluation_sample(ordered_children(self.children), spec.eval_fraction, spec.seed, spec.path,
+                                  global_round)
         record = {"node": spec.path, "round": str(global_round), "evaluated": [p.cid for p in asked]}
         return client_manager_of(asked), [record]
 

@@ -3,8 +3,8 @@
 A round asks the children holding a device the root drew (``algorithm.sampling=devices``), or the
 idle (and, for devices, online) children the node's clock picks (hfl.clock), or a seeded sample of
 ``fraction`` of them; then a simulated fault (``runtime.dropout[_nodes]``, hfl.node.faults) fails
-some of those asked. An evaluation asks a seeded sample of ``eval_fraction`` of them on a stream of
-its own. Children are identified by their cid: a child node's path, a device's id (the root's
+some of those asked. (An evaluation asks a seeded sample of ``eval_fraction`` of them on a stream of
+its own: hfl.tree.sampling.evaluation_sample, at every node and the root.) Children are identified by their cid: a child node's path, a device's id (the root's
 level-1 nodes are given their paths, hfl.node.root.PathProxy), in the order given.
 """
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from flwr.server.client_proxy import ClientProxy
 
 from hfl.node.faults import drop
-from hfl.tree.sampling import evaluation_sample, sample_children
+from hfl.tree.sampling import sample_children
 
 if TYPE_CHECKING:
     from hfl.clock.timer import NodeTimer
@@ -52,11 +52,3 @@ def fit_cohort(children: Sequence[ClientProxy], *, path: str, seed: int, fractio
     if dropout > 0:
         return drop(asked, [c.cid for c in asked], dropout, seed, path, key)
     return list(asked), []
-
-
-def evaluation_cohort(children: Sequence[ClientProxy], *, path: str, seed: int, fraction: float,
-                      global_round: int) -> list[ClientProxy]:
-    """The children an evaluation in ``global_round`` asks: all, or a seeded ``fraction`` of them."""
-    if fraction >= 1:
-        return list(children)
-    return evaluation_sample(children, fraction, seed, path, global_round)

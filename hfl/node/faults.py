@@ -69,14 +69,10 @@ def drop(asked: list[ClientProxy], ids: Sequence[str], fraction: float, seed: in
 @dataclass(frozen=True)
 class Dropout:
     """A node's dropout of its children: ``fraction`` of those asked fail each round, drawn
-    from the run's ``seed`` (``apply``: ``drop`` for one round)."""
+    from the run's ``seed`` (hfl.node.cohort.fit_cohort calls ``drop`` with them)."""
 
     fraction: float
     seed: int
 
     def __post_init__(self) -> None:
         dropout_count(0, self.fraction)  # refuses a fraction outside [0, 1)
-
-    def apply(self, asked: list[ClientProxy], ids: Sequence[str], path: str,
-              round_path: str) -> tuple[list[ClientProxy], list[str]]:
-        return drop(asked, ids, self.fraction, self.seed, path, round_path)

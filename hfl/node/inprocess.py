@@ -212,15 +212,16 @@ def fit_one_by_one(calls: list[tuple[ClientProxy, FitIns]]) -> list[FitRes | Bas
     return [call_fit(proxy, ins) for proxy, ins in calls]
 
 
-def fit_together(group_id: int | None = None, timeout: float | None = None) -> FitMany:
+def fit_together(group_id: int | None = None, timeout: float | None = None,
+                 max_workers: int | None = None) -> FitMany:
     """The children called at once, each on a thread of its own (as Flower's legacy server calls
-    its clients): the root's level-1 nodes work in parallel where they live elsewhere (Ray actors,
-    deployed hosts). Replies in the order of the calls."""
+    its clients; ``max_workers`` 1: one after the other): the root's level-1 nodes work in parallel
+    where they live elsewhere (Ray actors, deployed hosts). Replies in the order of the calls."""
 
     def fit_many(calls: list[tuple[ClientProxy, FitIns]]) -> list[FitRes | BaseException]:
-        if len(calls) <= 1:
+        if len(calls) <= 1 or max_workers == 1:
             return [call_fit(proxy, ins, timeout, group_id) for proxy, ins in calls]
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max_workers or len(calls)) as pool:
             futures = [pool.submit(call_fit, proxy, ins, timeout, group_id) for proxy, ins in calls]
             return [f.result() for f in futures]
 

@@ -35,8 +35,8 @@ from hfl.clock.model import Clock
 from hfl.clock.policy import LevelPolicy
 from hfl.clock.timer import PREFIX as CLOCK_PREFIX
 from hfl.clock.timer import SIM_TIME, NodeTimer, without_clock
-from hfl.node.cohort import evaluation_cohort, fit_cohort
-from hfl.node.inprocess import FitMany, call_fit, client_manager_of, fit_together, run_fit_rounds
+from hfl.node.cohort import fit_cohort
+from hfl.node.inprocess import FitMany, client_manager_of, fit_together, run_fit_rounds
 from hfl.errors import ConfigError, first_failure
 from hfl.node.client import EVAL_SAMPLES, node_key
 from hfl.node.evaluation import pool_evaluations
@@ -44,7 +44,7 @@ from hfl.node.faults import Dropout
 from hfl.rules.payload import payload_nbytes
 from hfl.node.strategy import LEVEL1_INDEX, accept_results, node_order, usable_needed
 from hfl.state.store import StateStore
-from hfl.tree.sampling import DeviceDraw, EvaluationDraw
+from hfl.tree.sampling import DeviceDraw, EvaluationDraw, evaluation_sample
 
 log = logging.getLogger(__name__)
 ROOT_KEY = node_key("")  # "node-root": the store key of the node at path ""
@@ -118,7 +118,6 @@ class RootStrategy(Strategy):
         self.dropout = dropout  # runtime.dropout_nodes of the level-1 nodes (hfl.node.faults)
         self.evaluation = evaluation  # sampled evaluation (eval_fraction); None: every device is tested
         self._paths: dict[str, str] = {}  # level-1 node cid -> its path (asked once)
-        self._named: dict[str, PathProxy] = {}  # level-1 node cid -> the proxy naming it by its path
         self._round: dict[str, float] = {}
 
     def _restore(self) -> None:
@@ -148,7 +147,7 @@ class RootStrategy(Strategy):
                 f"{available} level-1 nodes connected but topology has {self.num_children}; "
                 "run one SuperNode per level-1 node (flwr run: num-supernodes = number of level-1 nodes)"
             )
-        return sorted(client_manager.all().values(), key=lambda p: p.cid)
+        return list(client_manager.all().values())
 
     # ------------------------------------------------------------------ a global round
     def fit_round(self, server_round: int, client_manager: ClientManager, fit_many: FitMany) -> None:
@@ -209,13 +208,8 @@ class RootStrategy(Strategy):
     def _level1(self, client_manager: ClientManager, server_round: int) -> list[ClientProxy]:
         """The level-1 nodes in tree order, each known by its path (``PathProxy``): Flower's node ids
         say nothing of the tree, so the root's children are named as every node's are."""
-        out = []
-        for proxy in self._children(client_manager):
-            named = self._named.get(proxy.cid)
-            if named is None or named.proxy is not proxy:
-                named = self._named[proxy.cid] = PathProxy(self._path_of(proxy, server_round), proxy)
-            out.append(named)
-        return sorted(out, key=lambda p: int(p.cid))
+        named = [PathProxy(self._path_of(proxy, server_round), proxy) for proxy in self._children(client_manager)]
+        return sorted(named, key=lambda p: int(p.cid))
 
     def _draw(self, server_round: int) -> tuple[frozenset[int] | None, dict[str, Scalar]]:
         """With ``sampling=devices``, the devices drawn for the round (recorded) and the config entry
@@ -308,8 +302,7 @@ class RootStrategy(Strategy):
         every node samples its children (hfl.node.cohort), recorded in samples.jsonl."""
         if self.evaluation is None or self.evaluation.fraction >= 1:
             return children
-        asked = evaluation_cohort(children, path="", seed=self.evaluation.seed, fraction=self.evaluation.fraction,
-                                  global_round=server_round)
+        asked = evaluation_sample(children, self.evaluation.fraction, self.evaluation.seed, "", server_round)
         self._record({"evaluated": [p.cid for p in asked]}, server_round)
         return asked
 
@@ -387,9 +380,7 @@ class RootServer(Server):
         default), or one after the other where the server has one worker (in process)."""
         if self._fit_many is not None:
             return self._fit_many(server_round, timeout)
-        if self.max_workers == 1:
-            return lambda calls: [call_fit(proxy, ins, timeout, server_round) for proxy, ins in calls]
-        return fit_together(server_round, timeout)
+        return fit_together(server_round, timeout, self.max_workers)
 
     def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
         history = History()

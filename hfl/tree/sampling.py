@@ -81,5 +81,3 @@ class EvaluationDraw:
     seed: int
     population: int
 
-    def sample(self, children: Sequence[T], global_round: int) -> list[T]:
-        return evaluation_sample(children, self.fraction, self.seed, "", global_round)
