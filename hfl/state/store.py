@@ -146,6 +146,10 @@ class StateStore:
     def _older(self, key: str) -> Path:
         return self.root / OLDER / f"{key}.npz"
 
+    def _folders(self) -> tuple[Path, Path, Path]:
+        """Where the versions are: the newest, the previous, the older."""
+        return self.root, self.root / PREVIOUS, self.root / OLDER
+
     def load(self, key: str) -> dict[str, np.ndarray] | None:
         """The key's newest arrays, or None: the caller's own (copies of the cached ones, as
         writable as a fresh read: whoever changes them in place changes nothing stored)."""
@@ -195,7 +199,7 @@ class StateStore:
     def keys(self) -> list[str]:
         """Every key with a file, current or previous."""
         keys: set[str] = set()
-        for folder in (self.root, self.root / PREVIOUS, self.root / OLDER):
+        for folder in self._folders():
             if folder.is_dir():
                 keys.update(p.name[: -len(".npz")] for p in folder.iterdir()
                             if p.suffix == ".npz" and not TMP.match(p.name) and p.is_file())
@@ -219,7 +223,7 @@ class StateStore:
         """Every key back to its newest readable version of ``last_round`` or earlier (a key with
         none is removed); half-written and unreadable files are removed. Returns the unreadable
         files it removed. Run it while no node is running."""
-        for folder in (self.root, self.root / PREVIOUS, self.root / OLDER):
+        for folder in self._folders():
             if folder.is_dir():
                 for path in folder.iterdir():
                     if TMP.match(path.name):
@@ -248,7 +252,7 @@ class StateStore:
         manifest: dict[str, int] = {}
         changed: list[Path] = []
         newest = since_ns
-        for folder in (self.root, self.root / PREVIOUS, self.root / OLDER):
+        for folder in self._folders():
             if not folder.is_dir():
                 continue
             for path in folder.iterdir():
