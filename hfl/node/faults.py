@@ -10,7 +10,7 @@ always leaves a node enough updates.
 
 A dropped child is not told anything: the node calls it through ``DroppedProxy``
 (hfl.clock.dropped), whose ``fit`` raises ``SimulatedFault``, so the ordinary failure paths run
-(hfl.node.inprocess.run_fit_rounds and Flower's server loop count a raising child as a failure;
+(hfl.node.inprocess.run_fit_rounds, the round loop of every node and the root, counts a raising child as a failure;
 the strategies' ``min_fit_fraction`` decides whether the round still aggregates). Evaluation is never dropped: every device is tested
 every evaluated round, so accuracies stay comparable with a run without faults.
 """

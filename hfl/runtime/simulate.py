@@ -51,7 +51,7 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 def run_inprocess(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None,
                   tracker: tracking.Guarded | None = None) -> None:
-    """Flower's legacy server loop over the level-1 nodes in this process (no Ray): the same
+    """The root's round loop (hfl.node.root.RootServer) over the level-1 nodes in this process (no Ray): the same
     strategies and clients, used for tests and to measure the runtime's overhead. ``start``:
     go on after that checkpoint's round (hfl.state.resume); ``tracker``: the run's started
     tracker (hfl.output.tracking)."""
