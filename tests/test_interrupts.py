@@ -26,7 +26,7 @@ from tests.test_resume import BHFL, assert_same_run
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(sys.executable).parent / "hfl-simulate"
 GUARD_SECONDS = 30  # only a guard against hanging: measured 0.1 s in-process, about 2 s on Ray
-ROUNDS = 8
+ROUNDS = 24  # rounds take 0.04 s on Ray here: 8 ended before a signal sent at round 2 was handled
 RUN = [*BHFL, f"global_rounds={ROUNDS}"]
 LINE = re.compile(r"^hfl-simulate: interrupted in global round (\d+); resume with: (hfl-simulate .*)$")
 
