@@ -302,6 +302,20 @@ def test_unsampled_devices_still_evaluate_their_pm(runs):
     assert metrics["pm_n"] == sum(len(fed.devices[d].y_test) for d in fed.tree.devices_under("0"))
 
 
+@pytest.mark.parametrize("fractions", ["[1.0,0.5,1.0]", "[1.0,0.5,0.4]"])
+def test_devices_under_a_node_sampled_out_above_evaluate_their_pm(runs, fractions):
+    """Level 1 asks one of its two level-2 nodes: in the first evaluated round the other's devices
+    have never trained, and test the model their first call would start from (this failed with
+    "device 2 has no personalized model yet" while only the lowest level's sampling was considered)."""
+    run_dir, _ = runs("algorithm=bhfl", "topology=tree", "topology.fanout=[2,2,5]",
+                      f"algorithm.sample_fraction={fractions}", "eval_every=1")
+    lines = metric_lines(run_dir)
+    assert [line["round"] for line in lines] == [1, 2]
+    assert all(line["pm_accuracy"] is not None for line in lines)
+    asked = [json.loads(row) for row in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert {len(row["asked"]) for row in asked if row["node"] in ("0", "1")} == {1}
+
+
 # ---------------------------------------------------------------- 5. nested evaluation counts
 def test_nested_evaluation_counts_add_up(tmp_path):
     cfg = cfg_of("algorithm=bhfl", "topology=tree", "topology.fanout=[2,2,3]")

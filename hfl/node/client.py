@@ -24,7 +24,7 @@ from hfl.clock.model import Clock
 from hfl.clock.policy import LevelPolicy
 from hfl.clock.timer import SIM_TIME, NodeTimer, without_clock
 from hfl.node.evaluation import DeviceScore, add_reports, evaluation_result, target_report
-from hfl.node.cohort import fit_cohort
+from hfl.node.cohort import Cohort, Selection, without_cohort
 from hfl.node.inprocess import (EvaluateMany, FitMany, client_manager_of, evaluate_children, fit_one_by_one,
                                 ordered_children, run_fit_rounds)
 from hfl.rules.payload import LocalParameters, Payload, decode, npy_nbytes, pack, unpack
@@ -48,12 +48,11 @@ EVAL_SAMPLES = "eval_samples"
 class NodeSpec:
     path: str
     rounds: int  # rounds over its children per call from the parent
-    sample_fraction: float  # of its children, per round
+    selection: Selection  # how its rounds pick their children (hfl.node.cohort)
     seed: int
     lowest: bool  # its children are devices
     device_sampling: bool = False  # algorithm.sampling=devices: the root draws devices, sent as config "devices"
-    dropout: float = 0.0  # of the children asked, the fraction failing each round (runtime.dropout[_nodes], hfl.node.faults)
-    faults: bool = False  # simulated faults anywhere in the tree: a device may not have trained yet
+    partial: bool = False  # a device may not have trained yet (hfl.runtime.build.partial_participation)
     eval_fraction: float = 1.0  # of its children, asked to evaluate (top-level eval_fraction, hfl.runtime.build)
     clock: Clock | None = None  # simulated time (clock.enabled, hfl.clock); None: rounds take no time
     policy: LevelPolicy = field(default_factory=LevelPolicy)  # how its rounds close in simulated time
@@ -83,21 +82,6 @@ EvaluateTargets = Callable[[SimpleClientManager, list[tuple[LocalParameters, dic
 # make_rule(parent payload, stored node state or None, the call's round path) -> the
 # algorithm's server rule for one call (hfl.algorithm)
 RuleFactory = Callable[[Payload, dict[str, np.ndarray] | None, str], ServerRule]
-
-
-def sample_records(spec: NodeSpec, round_path: str, report,  # noqa: ANN001
-                   dropped: list[list[str]] | None = None) -> list[dict]:
-    """Which children this node asked in each of its rounds (where it samples at all, or drops
-    children: then also which of them failed, ``dropped``), then its descendants' records: the
-    run keeps them in samples.jsonl."""
-    own = []
-    if spec.sample_fraction < 1 or spec.dropout > 0 or spec.clock is not None:  # a clock: who was idle and online
-        own = [{"node": spec.path, "round": f"{round_path}.{r}", "asked": asked}
-               for r, asked in enumerate(report.samples, start=1)]
-        if spec.dropout > 0:
-            for record, failed in zip(own, dropped or [], strict=True):
-                record["dropped"] = failed
-    return own + report.child_samples
 
 
 class NodeClient(NumPyClient):
@@ -188,27 +172,17 @@ class NodeClient(NumPyClient):
                               path=spec.path, seed=spec.seed, steps_of=self.steps_of, stored=stored)
             if self.at_time is not None:
                 self.at_time(arrived)
-        rule = self.make_rule(unpack(parameters, config), without_clock(stored), round_path)
+        rule = self.make_rule(unpack(parameters, config), without_cohort(without_clock(stored)), round_path)
         strategy = NodeStrategy(rule, self.min_fit_fraction)
-
-        dropped: list[list[str]] = []  # per round, the children a simulated fault failed
         drawn = None
         if spec.device_sampling:  # the devices the root drew for this global round
             if "devices" not in config:
                 raise RuntimeError(f"node {spec.path!r}: algorithm.sampling=devices but the parent sent no device list")
             drawn = parse_devices(str(config["devices"]))
-
-        def sample(server_round: int, children: list) -> list:
-            asked, failed = fit_cohort(children, path=spec.path, seed=spec.seed, fraction=spec.sample_fraction,
-                                       key=f"{round_path}.{server_round}", timer=timer, drawn=drawn, holds=self.holds,
-                                       dropout=spec.dropout)
-            if spec.dropout > 0:
-                dropped.append(failed)
-            return asked
-
+        cohort = Cohort(spec.selection, spec.path, timer=timer, drawn=drawn, holds=self.holds, stored=stored)
         forward = {"devices": config["devices"]} if spec.device_sampling else None
         try:
-            params, report = run_fit_rounds(strategy, self.children, spec.rounds, sample, round_path, forward,
+            params, report = run_fit_rounds(strategy, self.children, spec.rounds, cohort, round_path, forward,
                                             self.fit_many, timer)
         except RuntimeError as exc:  # the node fails its call: its parent counts it as a failed child
             raise RuntimeError(f"node {spec.path}: {exc}") from exc
@@ -216,6 +190,7 @@ class NodeClient(NumPyClient):
         # A gradient relay (level_models false) keeps no model: its reply is no predictor.
         state = model_state(model) if self.level_models else {}
         state.update(rule.state())  # e.g. node-optimiser moments (strategies.bhfl)
+        state.update(cohort.state())
         if timer is not None:
             state.update(timer.state())  # its model version and the replies still in flight
         self.store.save(spec.store_key, state)
@@ -237,7 +212,8 @@ class NodeClient(NumPyClient):
             "compute_seconds": time.perf_counter() - start,
             "device_failures": below,
             "rejected": int(counters.get("rejected", 0)) + sum(int(m.get("rejected", 0)) for m in report.metrics),
-            "samples": json.dumps(records) if (records := sample_records(spec, round_path, report, dropped)) else "",
+            # Whom its rounds asked (where it is not every child), then its descendants' records (samples.jsonl).
+            "samples": json.dumps(records) if (records := cohort.rows + report.child_samples) else "",
         }
         if level == 1:  # the names 3-tier runs have always reported
             metrics["bytes_down_team"] = sum(v for k, v in counters.items() if k.startswith("bytes_down_level"))
@@ -309,10 +285,9 @@ class NodeClient(NumPyClient):
         elif self.personalized and context:
             targets["pm"], config["pm"] = pack("parts", context)  # each device picks its part of it
         elif self.personalized:
-            # Devices test their own model; nothing is sent, unless this node samples: then a
-            # device never asked yet tests the model it would start from (this node's).
-            sampled = self.spec.sample_fraction < 1 or self.spec.device_sampling or self.spec.faults
-            samples = sampled and f"level{self.spec.level}" in models
+            # Devices test their own model; nothing is sent, unless some device may not have trained
+            # yet (sampled out here or above, dropped, idle): it tests the model it would start from (this node's).
+            samples = self.spec.partial and f"level{self.spec.level}" in models
             targets["pm"] = models[f"level{self.spec.level}"] if samples else []
             config["pm"] = {"fallback": True} if samples else {}
             if self.device_evaluation_config:

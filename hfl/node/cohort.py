@@ -1,18 +1,27 @@
-"""Who a node's round asks, written once for every node, the root included.
+"""Who a node's rounds ask, written once for every node, the root included.
 
 A round asks the children holding a device the root drew (``algorithm.sampling=devices``), or the
 idle (and, for devices, online) children the node's clock picks (hfl.clock), or a seeded sample of
 ``fraction`` of them; then a simulated fault (``runtime.dropout[_nodes]``, hfl.node.faults) fails
 some of those asked. (An evaluation asks a seeded sample of ``eval_fraction`` of them on a stream of
-its own: hfl.tree.sampling.evaluation_sample, at every node and the root.) Children are identified by their cid: a child node's path, a device's id (the root's
-level-1 nodes are given their paths, hfl.node.root.PathProxy), in the order given.
+its own: hfl.tree.sampling.evaluation_sample, at every node and the root.) Children are identified
+by their cid: a child node's path, a device's id (the root's level-1 nodes are given their paths,
+hfl.node.root.PathProxy), in the order given.
+
+A node builds a ``Cohort`` at every call (the root's call: one global round) from its level's
+``Selection`` and its stored state; the round loop (hfl.node.inprocess.run_fit_rounds) asks it
+whom each round asks and shows it the replies the round merged; what it keeps between calls is
+``state()``, saved with the node's own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+from flwr.common import FitRes
 from flwr.server.client_proxy import ClientProxy
 
 from hfl.node.faults import drop
@@ -20,6 +29,17 @@ from hfl.tree.sampling import sample_children
 
 if TYPE_CHECKING:
     from hfl.clock.timer import NodeTimer
+
+PREFIX = "cohort:"  # a node's stored entries that are its cohort's (hfl.state.store), not its rule's
+
+
+@dataclass(frozen=True)
+class Selection:
+    """How the nodes of one level pick the children of their rounds (the run's config, per level)."""
+
+    fraction: float = 1.0  # algorithm.sample_fraction of the level: the share of its children a round asks
+    dropout: float = 0.0  # runtime.dropout (lowest nodes) / dropout_nodes: of those asked, the share failing
+    seed: int = 0  # the run's seed: every draw is keyed by it, the node's path and the round
 
 
 def holders(children: Sequence[ClientProxy], holds: Mapping[str, frozenset[int]], drawn: frozenset[int],
@@ -37,18 +57,53 @@ def holders(children: Sequence[ClientProxy], holds: Mapping[str, frozenset[int]]
     return asked
 
 
-def fit_cohort(children: Sequence[ClientProxy], *, path: str, seed: int, fraction: float, key: str,
-               timer: NodeTimer | None = None, drawn: frozenset[int] | None = None,
-               holds: Mapping[str, frozenset[int]] | None = None,
-               dropout: float = 0.0) -> tuple[list[ClientProxy], list[str]]:
-    """The children round ``key`` of the node at ``path`` asks, those failing it behind a
-    ``DroppedProxy`` (same order), and the cids of those failing."""
-    if drawn is not None:
-        asked = holders(children, holds or {}, drawn, path)
-    elif timer is not None:
-        asked = timer.pick(children, fraction, key)
-    else:
-        asked = sample_children(children, fraction, seed, path, key)
-    if dropout > 0:
-        return drop(asked, [c.cid for c in asked], dropout, seed, path, key)
-    return list(asked), []
+class Cohort:
+    """Who the rounds of one call of the node at ``path`` ask, and the record of it (``rows``, for
+    samples.jsonl) where the choice is not simply every child. ``drawn``/``holds``: the devices the
+    root drew this global round and, per child, those under it; ``timer``: the node's clock."""
+
+    def __init__(self, selection: Selection, path: str, *, timer: NodeTimer | None = None,
+                 drawn: frozenset[int] | None = None, holds: Mapping[str, frozenset[int]] | None = None,
+                 stored: Mapping[str, np.ndarray] | None = None) -> None:
+        self.selection = selection
+        self.path = path
+        self.timer = timer
+        self.drawn = drawn
+        self.holds = holds or {}
+        self.rows: list[dict] = []  # per round, whom it asked (and which of them a fault failed)
+        # Sampled, faulty or clocked rounds are recorded; the root's draw of devices has its own row.
+        self.recorded = selection.fraction < 1 or selection.dropout > 0 or timer is not None
+
+    def ask(self, key: str, children: Sequence[ClientProxy]) -> list[ClientProxy]:
+        """The children round ``key`` (its round path) asks, those failing it behind a
+        ``DroppedProxy`` (hfl.clock.dropped), in the given order."""
+        selection = self.selection
+        if self.drawn is not None:
+            asked = holders(children, self.holds, self.drawn, self.path)
+        elif self.timer is not None:
+            asked = self.timer.pick(children, selection.fraction, key)
+        else:
+            asked = sample_children(children, selection.fraction, selection.seed, self.path, key)
+        failed: list[str] = []
+        if selection.dropout > 0:
+            asked, failed = drop(asked, [c.cid for c in asked], selection.dropout, selection.seed, self.path, key)
+        if self.recorded:
+            row = {"node": self.path or "root", "round": key, "asked": [c.cid for c in asked]}
+            if selection.dropout > 0:
+                row["dropped"] = failed
+            self.rows.append(row)
+        return list(asked)
+
+    def observe(self, key: str, merged: Sequence[tuple[ClientProxy, FitRes]]) -> None:
+        """The replies round ``key`` merged (under a clock: those it closed with, maybe sent earlier)."""
+
+    def state(self) -> dict[str, np.ndarray]:
+        """What the next call's cohort starts from (entries under ``PREFIX``), saved with the node's state."""
+        return {}
+
+
+def without_cohort(state: dict[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
+    """A stored node state less its cohort's entries (what the algorithm's rule reads)."""
+    if not state:
+        return state
+    return {k: v for k, v in state.items() if not k.startswith(PREFIX)}

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from flwr.server.client_proxy import ClientProxy
 
@@ -64,15 +63,3 @@ def drop(asked: list[ClientProxy], ids: Sequence[str], fraction: float, seed: in
     out = [DroppedProxy(proxy, f"{cid} dropped out of round {round_path} of {where} (simulated fault)")
            if cid in failed else proxy for proxy, cid in zip(asked, ids, strict=True)]
     return out, [cid for cid in ids if cid in failed]
-
-
-@dataclass(frozen=True)
-class Dropout:
-    """A node's dropout of its children: ``fraction`` of those asked fail each round, drawn
-    from the run's ``seed`` (hfl.node.cohort.fit_cohort calls ``drop`` with them)."""
-
-    fraction: float
-    seed: int
-
-    def __post_init__(self) -> None:
-        dropout_count(0, self.fraction)  # refuses a fraction outside [0, 1)

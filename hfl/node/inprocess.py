@@ -41,6 +41,7 @@ from hfl.rules.payload import payload_nbytes
 
 if TYPE_CHECKING:
     from hfl.clock.timer import NodeTimer, RoundTiming
+    from hfl.node.cohort import Cohort
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,6 @@ class RoundsReport:
     failures: int = 0
     num_examples: int = 0  # samples behind the last round's aggregate (they sum up the tree)
     metrics: list[dict] = field(default_factory=list)
-    samples: list[list[str]] = field(default_factory=list)  # per round, the cids asked
     subtree: dict[str, float] = field(default_factory=dict)  # SUBTREE_COUNTERS from the children
     child_samples: list[dict] = field(default_factory=list)  # the sample records of child nodes
 
@@ -193,7 +193,6 @@ class RoundsReport:
             self.child_samples.extend(json.loads(str(metrics["samples"])))
 
 
-Sampler = Callable[[int, list[ClientProxy]], list[ClientProxy]]
 # Fits a round's children together (hfl.accel.batched.BatchedFit): per (proxy, FitIns), the FitRes or
 # the exception the child raised.
 FitMany = Callable[[list[tuple[ClientProxy, FitIns]]], list[FitRes | BaseException]]
@@ -243,7 +242,7 @@ def run_fit_rounds(
     strategy: Strategy,
     manager: SimpleClientManager,
     num_rounds: int,
-    sample: Sampler | None = None,
+    cohort: Cohort | None = None,
     round_path: str = "",
     forward: dict | None = None,
     fit_many: FitMany = fit_one_by_one,
@@ -253,8 +252,8 @@ def run_fit_rounds(
     """``num_rounds`` rounds of configure_fit -> client.fit -> aggregate_fit, in order: the round
     loop of every node, the root included (one global round a call, ``first_round`` its number).
 
-    Each round the strategy sees only the children ``sample(round, children)`` picks (all
-    of them without a sampler); each FitIns also carries the ``round_path`` of that round
+    Each round the strategy sees only the children ``cohort`` asks (hfl.node.cohort; all of them
+    without one), and the cohort sees the replies the round merged; each FitIns also carries the ``round_path`` of that round
     (e.g. ``"3.2"`` = round 2 of a level-1 node's call in global round 3) so that a child node seeds its own
     sampling by it, and the ``forward`` entries (e.g. the devices the root drew). ``fit_many``
     calls the round's children (one by one, or a lowest node's devices batched). With a ``timer``
@@ -269,12 +268,11 @@ def run_fit_rounds(
         raise RuntimeError(f"{type(strategy).__name__}.initialize_parameters returned no model")
     children = ordered_children(manager)  # proxies made only for the children a sample reads
     for server_round in range(first_round, first_round + num_rounds):
-        asked = sample(server_round, children) if sample is not None else list(children)
-        report.samples.append([proxy.cid for proxy in asked])
+        here = f"{round_path}.{server_round}" if round_path else str(server_round)
+        asked = cohort.ask(here, children) if cohort is not None else list(children)
         instructions = strategy.configure_fit(server_round, parameters, client_manager_of(asked))
         results: list[tuple[ClientProxy, FitRes]] = []
         failures: list[tuple[ClientProxy, FitRes] | BaseException] = []
-        here = f"{round_path}.{server_round}" if round_path else str(server_round)
         calls = [(proxy, FitIns(ins.parameters, {**ins.config, **(forward or {}), "round_path": here}))
                  for proxy, ins in instructions]
         if timer is not None:
@@ -308,6 +306,8 @@ def run_fit_rounds(
                 report.add_child_counters(res.metrics)
             results.append((proxy, res))
         report.failures += len(failures)  # in every round of every policy, merged or not
+        if cohort is not None:
+            cohort.observe(here, results)
         if timer is not None and not results and (timing.pending or not failures):
             # No reply arrived in time (the others are late, in flight or came empty): the policy merges
             # nothing this round, the model stays as it was; counted. Failures alone with nothing left to

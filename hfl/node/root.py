@@ -35,12 +35,11 @@ from hfl.clock.model import Clock
 from hfl.clock.policy import LevelPolicy
 from hfl.clock.timer import PREFIX as CLOCK_PREFIX
 from hfl.clock.timer import SIM_TIME, NodeTimer, without_clock
-from hfl.node.cohort import fit_cohort
+from hfl.node.cohort import Cohort, Selection, without_cohort
 from hfl.node.inprocess import FitMany, client_manager_of, fit_together, run_fit_rounds
 from hfl.errors import ConfigError, first_failure
 from hfl.node.client import EVAL_SAMPLES, node_key
 from hfl.node.evaluation import pool_evaluations
-from hfl.node.faults import Dropout
 from hfl.rules.payload import payload_nbytes
 from hfl.node.strategy import LEVEL1_INDEX, accept_results, node_order, usable_needed
 from hfl.state.store import StateStore
@@ -92,7 +91,7 @@ class RootStrategy(Strategy):
         wait_seconds: float = 60.0,
         device_sampling: DeviceDraw | None = None,
         min_fit_fraction: float = 0.0,
-        dropout: Dropout | None = None,
+        selection: Selection = Selection(),
         evaluation: EvaluationDraw | None = None,
         clock: Clock | None = None,
         policy: LevelPolicy | None = None,
@@ -115,7 +114,7 @@ class RootStrategy(Strategy):
         # A round needs this fraction of the level-1 nodes it asked (at least one): the same
         # algorithm.min_fit_fraction every inner node applies to its children (hfl.node.strategy).
         self.min_fit_fraction = min_fit_fraction
-        self.dropout = dropout  # runtime.dropout_nodes of the level-1 nodes (hfl.node.faults)
+        self.selection = selection  # how its rounds pick level-1 nodes (hfl.node.cohort), as every node's
         self.evaluation = evaluation  # sampled evaluation (eval_fraction); None: every device is tested
         self._paths: dict[str, str] = {}  # level-1 node cid -> its path (asked once)
         self._round: dict[str, float] = {}
@@ -125,7 +124,8 @@ class RootStrategy(Strategy):
         them at each call (the root's call: a global round), so what the root keeps between rounds
         is exactly what it stores."""
         stored = self.store.load(ROOT_KEY)
-        self.rule = self.make_rule(without_clock(stored))
+        self.stored = stored  # what the round's cohort starts from (hfl.node.cohort)
+        self.rule = self.make_rule(without_cohort(without_clock(stored)))
         # Simulated time (hfl.clock): the root's clock, model version and level-1 replies in flight.
         self.timer = None if self.clock is None else NodeTimer(
             self.clock, self.policy, level=0, lowest=False, path="", seed=self.seed, stored=stored, new_call=False,
@@ -161,9 +161,12 @@ class RootStrategy(Strategy):
         children = self._level1(client_manager, server_round)
         drawn, extra = self._draw(server_round)
 
-        _, report = run_fit_rounds(self, client_manager_of(children), 1,
-                                   lambda _, __: self._asked(children, drawn, server_round), "", extra or None,
+        cohort = Cohort(self.selection, "", timer=self.timer, drawn=drawn, stored=self.stored,
+                        holds=self.device_sampling.holds if self.device_sampling else None)
+        _, report = run_fit_rounds(self, client_manager_of(children), 1, cohort, "", extra or None,
                                    fit_many, self.timer, first_round=server_round)
+        if cohort.rows:  # whom it asked (samples.jsonl), before its subtrees' records
+            self._round.setdefault("samples", []).append(json.dumps(cohort.rows))
         self._round["bytes_down_global"] += report.bytes_down
         self._round["bytes_up_global"] += report.bytes_up
         # The subtrees' counters, as the loop added them up for every node (hfl.node.inprocess.SUBTREE_COUNTERS),
@@ -182,7 +185,7 @@ class RootStrategy(Strategy):
             for key, count in (("merged_rounds_level0", report.merged_rounds), ("empty_rounds_level0", report.empty_rounds)):
                 if count:
                     self._round[key] = self._round.get(key, 0) + count
-        self._save()
+        self._save(cohort)
 
     def configure_fit(self, server_round, parameters, client_manager):  # noqa: ANN001
         """The rule's message to the level-1 nodes the round asks (``client_manager``), in tree order."""
@@ -219,18 +222,6 @@ class RootStrategy(Strategy):
         drawn = self.device_sampling.draw(server_round)
         self._record({"devices": drawn}, server_round)
         return frozenset(drawn), {"devices": ",".join(map(str, drawn))}
-
-    def _asked(self, children: list[ClientProxy], drawn: frozenset[int] | None, server_round: int) -> list[ClientProxy]:
-        """Who the round asks, as every node decides it (hfl.node.cohort): those holding a drawn
-        device, the idle ones under a clock, less those a simulated fault fails (recorded)."""
-        asked, failed = fit_cohort(
-            children, path="", seed=self.dropout.seed if self.dropout else self.seed, fraction=1.0,
-            key=str(server_round), timer=self.timer, drawn=drawn,
-            holds=self.device_sampling.holds if self.device_sampling else None,
-            dropout=self.dropout.fraction if self.dropout else 0.0)
-        if self.dropout is not None:  # recorded in samples.jsonl
-            self._record({"asked": [c.cid for c in asked], "dropped": failed}, server_round)
-        return asked
 
     def _record(self, entry: dict, server_round: int) -> None:
         """One of the root's own rows of samples.jsonl."""
@@ -271,7 +262,7 @@ class RootStrategy(Strategy):
         self.current = self.rule.aggregate(self.current, Replies(server_round, str(server_round), accepted))
         return ndarrays_to_parameters(self.current), {"rejected": rejected}
 
-    def _save(self) -> None:
+    def _save(self, cohort: Cohort) -> None:
         clock = {}
         if self.timer is not None:  # the run's rounds merged or empty per level so far (a resumed run goes on from them)
             for key, value in self._round.items():
@@ -280,7 +271,7 @@ class RootStrategy(Strategy):
                     kind = key.split("_", 1)[0]
                     self.merges.setdefault(level, {"merged": 0, "empty": 0})[kind] += int(value)
             clock = {**self.timer.state(), MERGES: np.frombuffer(json.dumps(self.merges).encode(), dtype=np.uint8)}
-        self.store.save(ROOT_KEY, {**model_state(self.current), **self.rule.state(), **clock})
+        self.store.save(ROOT_KEY, {**model_state(self.current), **self.rule.state(), **cohort.state(), **clock})
 
     def evaluate(self, server_round, parameters):  # noqa: ANN001
         return None

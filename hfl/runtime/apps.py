@@ -25,8 +25,8 @@ from hfl.accel.batched import use_runtime_threads
 from hfl.algorithm import NodeContext, ServerRule
 from hfl.config.checks import load_server
 from hfl.config.compose import context_config
-from hfl.node.faults import Dropout, dropout_fractions
-from hfl.runtime.build import build_level1_node, eval_fraction, evaluation_sampled, federation_for, initial_model
+from hfl.runtime.build import (build_level1_node, eval_fraction, evaluation_sampled, federation_for, initial_model,
+                               level_selection)
 from hfl.rules.payload import Payload
 from hfl.runtime.polling import PolledServerApp
 from hfl.output import tracking
@@ -57,7 +57,6 @@ def build_global_strategy(cfg: Mapping, run_dir: str | Path) -> RootStrategy:
     def make_rule(state: dict | None) -> ServerRule:
         return server(NodeContext(cfg, "", fed.tree.depth, initial, state, fed, run_dir=Path(run_dir)))
 
-    _, node_dropout = dropout_fractions(cfg["runtime"])
     device_sampling = None
     if alg.get("sampling", "children") == "devices":
         holds = {path: frozenset(fed.tree.devices_under(path)) for path in fed.tree.children("")}
@@ -71,8 +70,7 @@ def build_global_strategy(cfg: Mapping, run_dir: str | Path) -> RootStrategy:
         wait_seconds=float(cfg["runtime"].get("team_wait_seconds", 60)),
         device_sampling=device_sampling,
         min_fit_fraction=float(alg.get("min_fit_fraction", 1.0)),
-        # runtime.dropout_nodes: the root drops level-1 nodes too (hfl.node.faults)
-        dropout=Dropout(node_dropout, int(cfg["seed"])) if node_dropout > 0 else None,
+        selection=level_selection(cfg, 0, lowest=False),  # runtime.dropout_nodes: it drops level-1 nodes too
         # eval_fraction: the root's share of the level-1 nodes; the intervals are drawn against every device
         evaluation=EvaluationDraw(eval_fraction(cfg, 0, fed.tree.depth), int(cfg["seed"]), fed.tree.num_devices)
         if evaluation_sampled(cfg) else None,

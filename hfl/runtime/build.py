@@ -26,6 +26,7 @@ from hfl.data import DeviceData, Federation, build_federation
 from hfl.data.labels import device_classes, device_data, model_classes
 from hfl.device.state import DEVICES_PREFIX, DeviceRuntime, has_state, pack_states, unpack_states
 from hfl.errors import ConfigError
+from hfl.node.cohort import Selection
 from hfl.node.faults import dropout_fractions
 from hfl.runtime.children import DeviceCids, DeviceHolds, SubtreeHolds
 from hfl.node.inprocess import (
@@ -198,6 +199,23 @@ def level_fraction(alg: Mapping, level: int) -> float:
     return float(fraction)
 
 
+def level_selection(cfg: Mapping, level: int, lowest: bool) -> Selection:
+    """How the nodes at ``level`` pick their rounds' children: ``algorithm.sample_fraction`` of the
+    level, and the simulated faults (hfl.node.faults) of the lowest servers' devices
+    (``runtime.dropout``) or of the others' child nodes (``runtime.dropout_nodes``)."""
+    devices, nodes = dropout_fractions(cfg.get("runtime", {}))
+    return Selection(level_fraction(cfg["algorithm"], level), devices if lowest else nodes, int(cfg["seed"]))
+
+
+def partial_participation(cfg: Mapping, depth: int) -> bool:
+    """Whether a device may not have trained when it is tested: some level samples its children (a
+    device under a node never asked, too), the root draws devices, simulated faults, a clock."""
+    alg = cfg["algorithm"]
+    devices, nodes = dropout_fractions(cfg.get("runtime", {}))
+    return (alg.get("sampling", "children") == "devices" or devices > 0 or nodes > 0 or run_clock(cfg) is not None
+            or any(level_fraction(alg, level) < 1 for level in range(depth)))
+
+
 def eval_fraction(cfg: Mapping, level: int, depth: int) -> float:
     """The fraction of its children a node at ``level`` asks to evaluate (top-level ``eval_fraction``):
     a list gives every level's, root first; one number is the lowest servers' (the fraction of the
@@ -324,13 +342,10 @@ def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | Simp
     def make_rule(payload: Payload, state: dict | None, round_path: str) -> ServerRule:
         return server(NodeContext(cfg, path, tree.depth, payload, state, fed, round_path=round_path))
 
-    # Simulated faults (hfl.node.faults): the lowest servers drop devices, the others child nodes.
-    device_dropout, node_dropout = dropout_fractions(cfg.get("runtime", {}))
     clock = run_clock(cfg)
-    spec = NodeSpec(path, level_rounds(alg, level, tree.depth), level_fraction(alg, level), int(cfg["seed"]),
-                    tree.is_lowest(path), device_sampling=alg.get("sampling", "children") == "devices",
-                    dropout=device_dropout if tree.is_lowest(path) else node_dropout,
-                    faults=device_dropout > 0 or node_dropout > 0 or clock is not None,
+    spec = NodeSpec(path, level_rounds(alg, level, tree.depth), level_selection(cfg, level, tree.is_lowest(path)),
+                    int(cfg["seed"]), tree.is_lowest(path), device_sampling=alg.get("sampling", "children") == "devices",
+                    partial=partial_participation(cfg, tree.depth),
                     eval_fraction=eval_fraction(cfg, level, tree.depth),
                     clock=clock, policy=LevelPolicy.for_level(cfg.get("clock", {}), level))
     children = proxies if isinstance(proxies, SimpleClientManager) else client_manager_of(proxies)
