@@ -17,6 +17,7 @@ from torch.func import functional_call
 
 from hfl.rules.aggregate import mean_of, nbytes
 from hfl.algorithm import NodeContext
+from hfl.node.cohort import Cohort
 from hfl.device.state import stored_device_states
 from hfl.errors import ConfigError
 from hfl.models import MLP
@@ -171,7 +172,7 @@ def test_root_calls_only_the_subtrees_holding_a_drawn_device(tmp_path):
         children = strategy._level1(manager, rnd)  # by path, in tree order
         assert [c.cid for c in children] == ["0", "1", "2"] and [c.proxy.path for c in children] == ["0", "1", "2"]
         drawn_set, extra = strategy._draw(rnd)
-        asked = strategy._asked(children, drawn_set, rnd)
+        asked = Cohort(strategy.selection, "", drawn=drawn_set, holds=strategy.device_sampling.holds).ask(str(rnd), children)
         drawn = sample_devices(12, 0.25, 0, rnd)
         assert extra == {"devices": ",".join(map(str, drawn))}
         assert {p.proxy.path for p in asked} == {str(d // 4) for d in drawn}

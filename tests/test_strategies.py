@@ -89,6 +89,7 @@ def test_global_permfl_and_fedavg_rules(tmp_path):
 def test_the_root_keeps_its_model_and_rule_state_in_the_store_and_is_rebuilt_from_it(tmp_path):
     """The root is a node: after a round its model is in the store under node-root, versioned by
     the round; a root built on that store (a resumed run) starts from it, not from its initial model."""
+    from hfl.node.cohort import Cohort, Selection
     from hfl.state.store import StateStore
 
     x = [np.array([8.0], dtype=np.float32)]
@@ -97,7 +98,7 @@ def test_the_root_keeps_its_model_and_rule_state_in_the_store_and_is_rebuilt_fro
     root.store.round = 1
     results = [(Proxy("a"), reply(2.0, 1, level1_index=0)), (Proxy("b"), reply(6.0, 3, level1_index=1))]
     root.aggregate_fit(1, results, [])
-    root._save()  # what fit_round does once its round loop is done
+    root._save(Cohort(Selection(), ""))  # what fit_round does once its round loop is done
     np.testing.assert_allclose(StateStore(tmp_path).load("node-root")["w_0"], [5.0])
     again = root_strategy(PerMFLServer, x, {**ALG, "beta": 0.5, "gamma": 1.5}, tmp_path, num_children=2, num_rounds=3)
     np.testing.assert_allclose(again.current[0], [5.0])
