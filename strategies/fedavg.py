@@ -15,7 +15,7 @@ from omegaconf import MISSING
 
 from hfl.algorithm import NodeContext, Replies, ServerRule
 from hfl.config.schema import HierFAVGConfig
-from hfl.rules.fit_test import DevicesOwnTest
+from hfl.rules.fit_testing import DevicesOwnTest
 
 
 @dataclass
@@ -38,7 +38,7 @@ class FedAvgServer(DevicesOwnTest, ServerRule):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        self._load_fit_test(ctx.state, ctx.is_root)  # with fit_test: the PFLEGO paper's figure (hfl.rules.fit_test)
+        self._load_fit_test(ctx.state, ctx.is_root)  # with fit_test: the PFLEGO paper's figure (hfl.rules.fit_testing)
 
     def fit_config(self) -> dict[str, Scalar]:
         alg = self.alg

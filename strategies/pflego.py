@@ -32,7 +32,7 @@ from hfl.errors import ConfigError
 from hfl.models import build_model
 from hfl.algorithm import NodeContext, Replies, ServerRule, model_from_state
 from hfl.data.labels import model_classes
-from hfl.rules.fit_test import DevicesOwnTest
+from hfl.rules.fit_testing import DevicesOwnTest
 from hfl.rules.personal import check_keys, head_mask
 from hfl.tree.sampling import sample_size
 
@@ -181,7 +181,7 @@ class PflegoServer(DevicesOwnTest, ServerRule):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        self._load_fit_test(ctx.state, ctx.is_root)  # the paper's figure (hfl.rules.fit_test)
+        self._load_fit_test(ctx.state, ctx.is_root)  # the paper's figure (hfl.rules.fit_testing)
         self.num_devices = len(ctx.fed.devices) if ctx.fed is not None else 0
         if ctx.is_root:
             self.optimizer = optimizer_spec(ctx.alg)

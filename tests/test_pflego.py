@@ -24,7 +24,7 @@ from hfl.models import MLP
 from hfl.data.labels import device_data, model_classes
 from hfl.runtime.build import federation_for, initial_model
 from hfl.rules.payload import Payload
-from hfl.rules.fit_test import fit_test_metrics
+from hfl.rules.fit_testing import fit_test_metrics
 from hfl.node.root import RootStrategy
 from hfl.tree.sampling import DeviceDraw, sample_devices
 from hfl.runtime.simulate import run
