@@ -160,6 +160,9 @@ STATEFUL = {
     "pflego": ["algorithm=pflego", "model=mlp", "model.hidden=8", "dataset.partition=roundrobin",
                "dataset.classes_per_device=2", "dataset.max_samples=120", "dataset.batch_size=100000",
                "algorithm.local_steps=5", "algorithm.sample_fraction=0.5", "algorithm.server_lr=0.05"],
+    # loss-aware choice of children (hfl.node.cohort) at the root and at the level-1 nodes' hosts
+    "power_of_choice": ["algorithm=fedavg", "dataset.max_samples=200", "algorithm.sample_fraction=[0.5,0.67]",
+                        "+algorithm.candidates=[1,1]", "algorithm.team_rounds=2"],
     # named parts relayed both ways, group models kept by the root
     "femam": ["algorithm=femam", "dataset=synthetic_multilevel", "dataset.clusters=[2]", "dataset.scales=[1.0,1.0,0.3]",
               "dataset.val_fraction=0.2", "model=mclr", "algorithm.levels=[1,2,0]", "algorithm.rounds_per_level=[1,1,1]",
@@ -170,14 +173,20 @@ STATEFUL = {
 @pytest.mark.slow  # not in make test's time budget: make test-deploy, or pytest -m deployment
 @pytest.mark.parametrize("name", sorted(STATEFUL))
 def test_stateful_algorithms_match_in_process(tmp_path: Path, name: str) -> None:
-    rounds = 3 if name == "femam" else 2  # FeMAM reaches its personal level in round 3
-    devices = 3 if name == "pflego" else 2  # PFLEGO's 2 classes a device: 5 devices at least cover MNIST's 10
+    rounds = 3 if name in ("femam", "power_of_choice") else 2  # FeMAM reaches its personal level in round 3
+    devices = 3 if name in ("pflego", "power_of_choice") else 2  # PFLEGO's 2 classes a device: 5 devices at least cover MNIST's 10
     overrides = [*STATEFUL[name], "topology.num_teams=2", f"topology.devices_per_team={devices}", f"global_rounds={rounds}",
                  f"eval_every={rounds}", "runtime.torch_threads=1"]
     run_dir, dep = deployed(tmp_path, overrides)
     sim_dir = simulated(tmp_path, overrides)
     assert_same_run(run_dir, sim_dir)
     assert_same_states(dep, run_dir, sim_dir)
+    if name == "power_of_choice":  # the same children chosen by the same losses, on every host as in process
+        sim_rows, dep_rows = ((d / "samples.jsonl").read_text().splitlines() for d in (sim_dir, run_dir))
+        assert dep_rows == sim_rows
+        chose = [json.loads(r) for r in sim_rows]
+        assert {r["node"] for r in chose} == {"root", "0", "1"}
+        assert any(loss is not None for r in chose if r["node"] == "root" for loss in r["losses"])
 
 
 def answered(work: Path, action: str) -> dict[int, dict]:

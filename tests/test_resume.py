@@ -43,6 +43,10 @@ PFLEGO = ["algorithm=pflego", "model=mlp", "model.hidden=8", "dataset.partition=
           "topology.fanout=[3,4]", "global_rounds=5", "algorithm.local_steps=3", "algorithm.sample_fraction=0.25",
           "algorithm.server_lr=0.05", "runtime.torch_threads=1"]
 PERMFL = [*SMALL, "global_rounds=5", "eval_every=2"]
+# Loss-aware choice at the root and at level 1: the losses each node chose by are kept in its stored state.
+POWER_OF_CHOICE = ["algorithm=fedavg", "topology=tree", "topology.fanout=[4,4]", "dataset.max_samples=200",
+                   "dataset.batch_size=32", "algorithm.local_steps=3", "global_rounds=5", "eval_every=2",
+                   "algorithm.sample_fraction=[0.5,0.5]", "+algorithm.candidates=[1,0.75]", "runtime.torch_threads=1"]
 
 
 # ---------------------------------------------------------------- helpers
@@ -160,7 +164,8 @@ def _killed_at(monkeypatch: pytest.MonkeyPatch, where: str, rnd: int) -> None:
     ([*BHFL, "dataset.proxy_fraction=0.2", "algorithm.proxy_samples=[40,20,0]"], "fit", 5),
     (FEMAM, "fit", 4),
     (PFLEGO, "checkpoint", 3),
-], ids=["permfl-mid-round", "permfl-before-checkpoint", "bhfl-proxy", "femam", "pflego"])
+    (POWER_OF_CHOICE, "fit", 3),
+], ids=["permfl-mid-round", "permfl-before-checkpoint", "bhfl-proxy", "femam", "pflego", "power-of-choice"])
 def test_resumed_inprocess_run_equals_the_uninterrupted_one(tmp_path, monkeypatch, overrides, where, rnd):
     cfg = compose_cfg(*overrides, "runtime=inprocess")
     run(cfg, tmp_path / "whole")

@@ -96,6 +96,23 @@ def _check_levels(alg: Mapping) -> None:
     for i, value in enumerate(values):
         key = f"algorithm.sample_fraction[{i}]" if isinstance(fraction, list | tuple) else "algorithm.sample_fraction"
         check_number(key, value, minimum=0, maximum=1, open_min=True)
+    _check_candidates(alg)
+
+
+def _check_candidates(alg: Mapping) -> None:
+    """``candidates`` (power-of-choice, hfl.node.cohort): 0 (none) or a share in (0, 1], a number or a
+    list root first; checked against each level's sample_fraction once the tree is built
+    (hfl.runtime.build.check_tree)."""
+    candidates = alg.get("candidates", 0)
+    listed = isinstance(candidates, list | tuple)
+    values = list(candidates) if listed else [candidates]
+    if not values:
+        raise ConfigError("algorithm.candidates", "must be a number or a non-empty list")
+    for i, value in enumerate(values):
+        check_number(f"algorithm.candidates[{i}]" if listed else "algorithm.candidates", value, minimum=0, maximum=1)
+    if any(values) and alg.get("sampling", "children") == "devices":
+        raise ConfigError("algorithm.candidates", "a loss-aware choice of children needs algorithm.sampling=children "
+                                                  "(with sampling=devices the root draws the devices)")
 
 
 def check_fractions(key: str, value: Any) -> list[float]:

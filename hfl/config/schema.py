@@ -447,7 +447,8 @@ def _shown(value: str, type_name: str) -> str:
 # hfl/runtime/apps.py, hfl/runtime/simulate.py): adding one to an option whose schema lacks it is
 # meaningful (e.g. ``algorithm=hierfavg ++algorithm.sample_fraction=[1,0.2]``).
 OPEN_KEYS: dict[str, frozenset[str]] = {
-    "algorithm": frozenset({"level_rounds", "local_epochs", "local_labels", "sample_fraction", "sampling"}),
+    "algorithm": frozenset({"candidates", "level_rounds", "local_epochs", "local_labels", "sample_fraction",
+                            "sampling"}),
     "runtime": frozenset({"state_dir", "team_wait_seconds", "verbose"}),
 }
 # What an algorithm is, declared by its server rule's class (hfl.algorithm.ServerRule) or its device

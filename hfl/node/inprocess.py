@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, overload
@@ -157,9 +158,11 @@ def client_manager_of(proxies: list[ClientProxy]) -> SimpleClientManager:
 # Counters a node adds up over its subtree (its children's replies carry theirs).
 # fit_test_*: devices' own test of the model they trained this round (the PFLEGO paper's figure).
 # bytes_*_team and compute_seconds: a level-1 node's totals, which the root records (a node's own override them).
+# train_loss_*: the devices' training losses (a reply's train_loss x its examples), summed: a subtree's mean loss
+# (what a loss-aware choice of children reads, hfl.node.cohort).
 SUBTREE_COUNTERS = ("bytes_down_level", "bytes_up_level", "failures_level", "device_failures", "rejected", "fit_test_",
                     "late_level", "stale_level", "merged_rounds_level", "empty_rounds_level",
-                    "bytes_down_team", "bytes_up_team", "compute_seconds")
+                    "bytes_down_team", "bytes_up_team", "compute_seconds", "train_loss_")
 
 
 @dataclass
@@ -185,10 +188,14 @@ class RoundsReport:
         self.late += timing.late
         self.stale += timing.stale
 
-    def add_child_counters(self, metrics: dict) -> None:
+    def add_child_counters(self, metrics: dict, num_examples: int) -> None:
         for key, value in metrics.items():
             if key.startswith(SUBTREE_COUNTERS) and isinstance(value, int | float):
                 self.subtree[key] = self.subtree.get(key, 0) + value
+        loss = metrics.get("train_loss")  # a device's
+        if isinstance(loss, int | float) and math.isfinite(loss):
+            self.subtree["train_loss_sum"] = self.subtree.get("train_loss_sum", 0.0) + float(loss) * num_examples
+            self.subtree["train_loss_examples"] = self.subtree.get("train_loss_examples", 0) + num_examples
         if metrics.get("samples"):
             self.child_samples.extend(json.loads(str(metrics["samples"])))
 
@@ -284,7 +291,7 @@ def run_fit_rounds(
             # merged now, in a later round or never (dropped as late): as the root counts them.
             for res in outcomes:
                 if isinstance(res, FitRes) and res.status.code == Code.OK:
-                    report.add_child_counters(res.metrics)
+                    report.add_child_counters(res.metrics, res.num_examples)
             closed, timing = timer.close(calls, outcomes, strategy.merge_reference())
             report.add_timing(timing)
             by_cid = {proxy.cid: proxy for proxy, _ in calls}
@@ -303,7 +310,7 @@ def run_fit_rounds(
                 continue
             report.bytes_up += payload_nbytes(res.parameters)
             if timer is None:
-                report.add_child_counters(res.metrics)
+                report.add_child_counters(res.metrics, res.num_examples)
             results.append((proxy, res))
         report.failures += len(failures)  # in every round of every policy, merged or not
         if cohort is not None:

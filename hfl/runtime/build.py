@@ -201,10 +201,12 @@ def level_fraction(alg: Mapping, level: int) -> float:
 
 def level_selection(cfg: Mapping, level: int, lowest: bool) -> Selection:
     """How the nodes at ``level`` pick their rounds' children: ``algorithm.sample_fraction`` of the
-    level, and the simulated faults (hfl.node.faults) of the lowest servers' devices
+    level (and its ``candidates``), and the simulated faults (hfl.node.faults) of the lowest servers' devices
     (``runtime.dropout``) or of the others' child nodes (``runtime.dropout_nodes``)."""
     devices, nodes = dropout_fractions(cfg.get("runtime", {}))
-    return Selection(level_fraction(cfg["algorithm"], level), devices if lowest else nodes, int(cfg["seed"]))
+    alg = cfg["algorithm"]
+    return Selection(level_fraction(alg, level), devices if lowest else nodes, int(cfg["seed"]),
+                     level_candidates(alg, level))
 
 
 def partial_participation(cfg: Mapping, depth: int) -> bool:
@@ -214,6 +216,13 @@ def partial_participation(cfg: Mapping, depth: int) -> bool:
     devices, nodes = dropout_fractions(cfg.get("runtime", {}))
     return (alg.get("sampling", "children") == "devices" or devices > 0 or nodes > 0 or run_clock(cfg) is not None
             or any(level_fraction(alg, level) < 1 for level in range(depth)))
+
+
+def level_candidates(alg: Mapping, level: int) -> float:
+    """The share of its children a node at ``level`` draws as candidates for a loss-aware choice
+    (``algorithm.candidates``, power-of-choice: hfl.node.cohort); 0: none."""
+    candidates = alg.get("candidates", 0) or 0
+    return float(candidates[level] if isinstance(candidates, list | tuple) else candidates)
 
 
 def eval_fraction(cfg: Mapping, level: int, depth: int) -> float:
@@ -239,7 +248,7 @@ def check_tree(cfg: Mapping, tree: Tree) -> None:
         key = "topology.fanout" if cfg["topology"].get("formation") == "tree" else "topology.formation"
         raise ConfigError(key, f"algorithm {alg['name']!r} is defined for three tiers (a tree of depth 2: root, "
                                f"servers, devices); this tree has depth {tree.depth}")
-    for key, length in (("level_rounds", tree.depth - 1), ("sample_fraction", tree.depth)):
+    for key, length in (("level_rounds", tree.depth - 1), ("sample_fraction", tree.depth), ("candidates", tree.depth)):
         value = alg.get(key)
         if isinstance(value, list | tuple) and len(value) != length:
             raise ConfigError(f"algorithm.{key}", f"has {len(value)} entries; this tree of depth {tree.depth} "
@@ -256,9 +265,28 @@ def check_tree(cfg: Mapping, tree: Tree) -> None:
         raise ConfigError("algorithm.local_labels", "servers' proxy data keeps the dataset's labels; local labels "
                                                     "and dataset.proxy_fraction > 0 do not mix")
     model_classes(cfg, federation_for(cfg), load_server(alg).personal_heads)  # refuses local labels without a common K
-    if level_fraction(alg, 0) != 1.0:
-        raise ConfigError("algorithm.sample_fraction", "the root asks every level-1 node (its entry 0 must be 1); "
-                                                       "sampling applies from level 1 down")
+    check_candidates(cfg, tree.depth)
+
+
+def check_candidates(cfg: Mapping, depth: int) -> None:
+    """``algorithm.candidates`` per level (power-of-choice, hfl.node.cohort): where set, at least the
+    level's sample_fraction, which must be below 1; not under a clock (which picks the idle children)."""
+    alg = cfg["algorithm"]
+    for level in range(depth):
+        candidates, fraction = level_candidates(alg, level), level_fraction(alg, level)
+        if not candidates:
+            continue
+        key = "algorithm.candidates" + (f"[{level}]" if isinstance(alg.get("candidates"), list | tuple) else "")
+        if fraction >= 1:
+            raise ConfigError(key, f"level {level} asks every child (algorithm.sample_fraction is 1 there): "
+                                   "candidates to choose from have no effect; give it a sample_fraction below 1, "
+                                   "or 0 candidates")
+        if candidates < fraction:
+            raise ConfigError(key, f"{candidates:g} at level {level} is below its algorithm.sample_fraction "
+                                   f"({fraction:g}): the children a round asks are chosen among the candidates")
+        if (cfg.get("clock") or {}).get("enabled", False):
+            raise ConfigError(key, "a loss-aware choice of children and the simulated clock (clock.enabled, "
+                                   "which asks the idle children) do not mix")
 
 
 def check_trace(cfg: Mapping, tree: Tree) -> None:
