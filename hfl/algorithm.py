@@ -18,7 +18,7 @@ after every global round: a resumed run rebuilds the root's rule from it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
@@ -95,6 +95,20 @@ class NodeContext:
         return self.level == self.depth - 1
 
 
+@dataclass(frozen=True)
+class Nature:
+    """What a node's rule is, as the engine's node reads it when its rule is not built (its
+    evaluation): ``ServerRule.nature``."""
+
+    personalized: bool  # devices keep a model of their own, tested as PM
+    global_model: bool  # the root's model is a predictor the evaluation tests (GM)
+    pm_base: str | None  # "gm": a device's PM is the root's model completed by its own part (PFLEGO)
+    level_models: bool  # false: the servers' models are no predictors (gradient servers)
+    evaluation_context: Callable[[Mapping[str, np.ndarray] | None], dict[str, NDArrays]]  # ctx_* parts for PMs
+    device_evaluation_config: dict[str, Scalar]  # a lowest node's devices' config when they test their PM
+    devices_change_when_tested: bool  # a lowest node saves its devices after evaluating (B-HFL's sessions)
+
+
 def model_from_state(state: Mapping[str, np.ndarray] | None) -> NDArrays | None:
     """The node model kept in a stored state (``w_0``, ``w_1``…)."""
     if not state:
@@ -168,6 +182,16 @@ class ServerRule:
         """Parts named ``ctx_*`` a lowest node adds, from its stored state, to what its devices
         complete their personal model from (e.g. FeMAM's team model); none by default."""
         return {}
+
+    @classmethod
+    def nature(cls, alg: Mapping[str, Any], depth: int, lowest: bool) -> Nature:
+        """What a node of this algorithm is, for the engine's node (hfl.node.client.NodeClient): this
+        class's attributes, and what its methods decide from the algorithm's keys (``lowest``: the
+        node's children are devices)."""
+        return Nature(personalized=cls.personalized, global_model=cls.has_global_model(alg), pm_base=cls.pm_base,
+                      level_models=cls.level_models, evaluation_context=cls.evaluation_context,
+                      device_evaluation_config=cls.device_evaluation_config(alg, depth) if lowest else {},
+                      devices_change_when_tested=lowest and cls.devices_change_when_tested(alg))
 
     # ---- one call
     def __init__(self, ctx: NodeContext) -> None:

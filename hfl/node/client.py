@@ -19,7 +19,7 @@ from flwr.client import NumPyClient
 from flwr.common import EvaluateRes, NDArrays, Scalar
 from flwr.server.client_manager import SimpleClientManager
 
-from hfl.algorithm import ServerRule, model_from_state, model_state
+from hfl.algorithm import Nature, ServerRule, model_from_state, model_state
 from hfl.clock.model import Clock
 from hfl.clock.policy import LevelPolicy
 from hfl.clock.timer import SIM_TIME, NodeTimer, without_clock
@@ -56,6 +56,7 @@ class NodeSpec:
     eval_fraction: float = 1.0  # of its children, asked to evaluate (top-level eval_fraction, hfl.runtime.build)
     clock: Clock | None = None  # simulated time (clock.enabled, hfl.clock); None: rounds take no time
     policy: LevelPolicy = field(default_factory=LevelPolicy)  # how its rounds close in simulated time
+    min_fit_fraction: float = 1.0  # of the children asked, the usable replies a round needs (algorithm.min_fit_fraction)
 
     @property
     def level(self) -> int:
@@ -100,43 +101,29 @@ class NodeClient(NumPyClient):
         children: SimpleClientManager,
         make_rule: RuleFactory,
         store: StateStore,
+        nature: Nature,
         *,
-        personalized: bool,
-        global_model: bool = True,
         persist: Callable[[], None] = lambda: None,
         holds: Mapping[str, frozenset[int]] | None = None,
-        pm_base: str | None = None,
-        level_models: bool = True,
-        evaluation_context: Callable[[dict[str, np.ndarray] | None], dict[str, NDArrays]] | None = None,
         fit_many: FitMany = fit_one_by_one,
         evaluate_many: EvaluateMany = evaluate_children,
-        min_fit_fraction: float = 1.0,
         evaluate_targets: EvaluateTargets | None = None,
         steps_of: Callable[[int], int] | None = None,
         at_time: Callable[[float], None] | None = None,
-        device_evaluation_config: dict[str, Scalar] | None = None,
-        persist_after_evaluation: bool = False,
     ) -> None:
         self.spec = spec
         self.children = children
         self.make_rule = make_rule
         self.store = store
-        self.personalized = personalized
-        self.global_model = global_model
+        self.nature = nature  # what its algorithm is (ServerRule.nature): what its evaluation asks of whom
         self.persist = persist
         # child cid -> the devices in its subtree (for sampling=devices); a lazy mapping is kept as it is
         self.holds = holds if holds is not None else {}
-        self.pm_base = pm_base  # "gm": a device's PM is the root's model completed by its own part (PFLEGO)
-        self.level_models = level_models  # false: the servers' models are no predictors (gradient servers)
-        self.evaluation_context = evaluation_context  # stored node state -> ctx_* parts it adds for its devices' PM
         self.fit_many = fit_many  # how a round's children are called (a lowest node's devices may be batched)
         self.evaluate_many = evaluate_many  # likewise for evaluation (hfl.accel.batched.BatchedEvaluate)
-        self.min_fit_fraction = min_fit_fraction  # of the children asked, the usable replies a round needs
         # Every target model to every device at once (a deployment: one message per device, not per target).
         self.evaluate_targets = evaluate_targets
         self.steps_of = steps_of  # a device's minibatch steps per call: its work in simulated time (hfl.clock)
-        self.device_evaluation_config = device_evaluation_config or {}  # ServerRule.device_evaluation_config
-        self.persist_after_evaluation = persist_after_evaluation  # ServerRule.devices_change_when_tested
         self.at_time = at_time  # tells a lowest node's devices the simulated time (their data may drift: hfl.clock.shift)
 
     def _evaluated_children(self, config: dict[str, Scalar]) -> tuple[SimpleClientManager, list[dict]]:
@@ -173,7 +160,7 @@ class NodeClient(NumPyClient):
             if self.at_time is not None:
                 self.at_time(arrived)
         rule = self.make_rule(unpack(parameters, config), without_cohort(without_clock(stored)), round_path)
-        strategy = NodeStrategy(rule, self.min_fit_fraction)
+        strategy = NodeStrategy(rule, spec.min_fit_fraction)
         drawn = None
         if spec.device_sampling:  # the devices the root drew for this global round
             if "devices" not in config:
@@ -188,7 +175,7 @@ class NodeClient(NumPyClient):
             raise RuntimeError(f"node {spec.path}: {exc}") from exc
         model = decode(params)
         # A gradient relay (level_models false) keeps no model: its reply is no predictor.
-        state = model_state(model) if self.level_models else {}
+        state = model_state(model) if self.nature.level_models else {}
         state.update(rule.state())  # e.g. node-optimiser moments (strategies.bhfl)
         state.update(cohort.state())
         if timer is not None:
@@ -239,12 +226,13 @@ class NodeClient(NumPyClient):
             self.at_time(float(config[SIM_TIME]))
         received = unpack(parameters, config)
         models = {"gm": received.main} if received.kind == "model" else dict(received.parts)
-        if not self.global_model and self.pm_base != "gm":
+        nature = self.nature
+        if not nature.global_model and nature.pm_base != "gm":
             models.pop("gm", None)
         # The node's stored state, read once: its model (level_models) and its devices' PM context.
-        state = self.store.load(self.spec.store_key) if self.level_models or self.spec.lowest else None
-        own = model_from_state(state) if self.level_models else None
-        if own is None and self.level_models:
+        state = self.store.load(self.spec.store_key) if nature.level_models or self.spec.lowest else None
+        own = model_from_state(state) if nature.level_models else None
+        if own is None and nature.level_models:
             # Never called yet (sampled out above): its first call would start from its parent's model.
             own = models.get(f"level{self.spec.level - 1}") if self.spec.level > 1 else models.get("gm")
         if own is not None:
@@ -254,7 +242,7 @@ class NodeClient(NumPyClient):
         if self.spec.lowest:
             timing = {SIM_TIME: config[SIM_TIME]} if SIM_TIME in config else {}
             reports = [self._evaluate_devices(children, models, metrics, state, timing)]
-            if self.persist_after_evaluation:  # its devices changed when tested (B-HFL's sessions)
+            if nature.devices_change_when_tested:  # its devices changed when tested (B-HFL's sessions)
                 self.persist()
         else:
             reports = self._evaluate_nodes(children, models, metrics, config)
@@ -267,7 +255,7 @@ class NodeClient(NumPyClient):
         metrics["compute_seconds"] = time.perf_counter() - start
         if self.spec.level == 1:
             metrics["bytes_down_team"] = sum(v for k, v in metrics.items() if k.startswith("bytes_down_level"))
-        return evaluation_result(metrics, self.global_model)
+        return evaluation_result(metrics, nature.global_model)
 
     def _evaluate_devices(self, children: SimpleClientManager, models: dict[str, NDArrays],
                           metrics: dict[str, Scalar], state: dict[str, np.ndarray] | None,
@@ -275,23 +263,23 @@ class NodeClient(NumPyClient):
         """Each target model on the asked devices' test splits; the devices' own models for PM."""
         targets = {k: v for k, v in models.items() if not k.startswith(CONTEXT)}
         context = {k: v for k, v in models.items() if k.startswith(CONTEXT)}
-        if self.evaluation_context is not None:
-            context.update(self.evaluation_context(state))
-        if not self.global_model:
+        nature = self.nature
+        context.update(nature.evaluation_context(state))
+        if not nature.global_model:
             targets.pop("gm", None)  # forwarded only as the base of the devices' PMs
         config: dict[str, dict[str, Scalar]] = {}
-        if self.pm_base == "gm":
+        if nature.pm_base == "gm":
             targets["pm"], config["pm"] = models["gm"], {}  # each device completes it with its own part
-        elif self.personalized and context:
+        elif nature.personalized and context:
             targets["pm"], config["pm"] = pack("parts", context)  # each device picks its part of it
-        elif self.personalized:
+        elif nature.personalized:
             # Devices test their own model; nothing is sent, unless some device may not have trained
             # yet (sampled out here or above, dropped, idle): it tests the model it would start from (this node's).
             samples = self.spec.partial and f"level{self.spec.level}" in models
             targets["pm"] = models[f"level{self.spec.level}"] if samples else []
             config["pm"] = {"fallback": True} if samples else {}
-            if self.device_evaluation_config:
-                config["pm"].update({**self.device_evaluation_config, **(timing or {})})
+            if nature.device_evaluation_config:
+                config["pm"].update({**nature.device_evaluation_config, **(timing or {})})
         report: dict[str, Scalar] = {}
         # batched devices read the arrays; bytes only if they leave
         asks = [(LocalParameters(arrays), {"model": DEVICE_MODEL.get(target, target), **config.get(target, {})})

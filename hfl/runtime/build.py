@@ -375,19 +375,14 @@ def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | Simp
                     int(cfg["seed"]), tree.is_lowest(path), device_sampling=alg.get("sampling", "children") == "devices",
                     partial=partial_participation(cfg, tree.depth),
                     eval_fraction=eval_fraction(cfg, level, tree.depth),
-                    clock=clock, policy=LevelPolicy.for_level(cfg.get("clock", {}), level))
+                    clock=clock, policy=LevelPolicy.for_level(cfg.get("clock", {}), level),
+                    min_fit_fraction=float(alg["min_fit_fraction"]))
     children = proxies if isinstance(proxies, SimpleClientManager) else client_manager_of(proxies)
-    return NodeClient(spec, children, make_rule, store,  # what the algorithm is: its rule's class (hfl.algorithm)
-                      personalized=server.personalized, global_model=server.has_global_model(alg),
-                      persist=persist, holds=holds, pm_base=server.pm_base, level_models=server.level_models,
-                      evaluation_context=server.evaluation_context,
-                      fit_many=fit_many, evaluate_many=evaluate_many,
-                      min_fit_fraction=float(alg.get("min_fit_fraction", 1.0)), evaluate_targets=evaluate_targets,
-                      steps_of=device_steps(cfg, fed) if clock is not None and tree.is_lowest(path) else None,
-                      device_evaluation_config=server.device_evaluation_config(alg, tree.depth)
-                      if tree.is_lowest(path) else None,
-                      persist_after_evaluation=tree.is_lowest(path) and server.devices_change_when_tested(alg),
-                      at_time=at_time)
+    # What the algorithm is: its rule's class (hfl.algorithm)
+    return NodeClient(spec, children, make_rule, store, server.nature(alg, tree.depth, tree.is_lowest(path)),
+                      persist=persist, holds=holds, fit_many=fit_many, evaluate_many=evaluate_many,
+                      evaluate_targets=evaluate_targets, at_time=at_time,
+                      steps_of=device_steps(cfg, fed) if clock is not None and tree.is_lowest(path) else None)
 
 
 def device_steps(cfg: Mapping, fed: Federation) -> Callable[[int], int]:
