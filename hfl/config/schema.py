@@ -66,7 +66,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
@@ -172,6 +172,44 @@ class SyntheticMultilevelDatasetConfig(DatasetConfig):
     min_samples: int = MISSING
     max_samples: Optional[int] = MISSING
     lazy: bool = MISSING
+    cache_mb: float = MISSING
+
+
+@dataclass
+class HuggingFaceColumnsConfig:
+    """The columns a Hugging Face dataset's rows are read from (hfl/data/huggingface.py)."""
+
+    image: Optional[str] = MISSING  # an image or array column (or give features)
+    features: Optional[List[str]] = MISSING  # numeric columns, concatenated into one vector
+    label: str = MISSING
+    natural_id: Optional[str] = MISSING  # natural-id partitioners' partition_by when their kwargs give none
+    group: Optional[str] = MISSING  # with NaturalIdPartitioner: the level-1 nodes
+
+
+@dataclass
+class PartitionerConfig:
+    """A Flower Datasets partitioner: its class name in flwr_datasets.partitioner and its keyword arguments."""
+
+    name: Optional[str] = MISSING
+    kwargs: Dict[str, Any] = MISSING  # its keyword arguments (+dataset.partitioner.kwargs.alpha=0.5)
+
+
+@dataclass
+class HuggingFaceDatasetConfig(DatasetConfig):
+    """Any Hugging Face dataset, from local files or the Hub (hfl/data/huggingface.py)."""
+
+    source: str = MISSING  # huggingface
+    path: Optional[str] = MISSING  # local: a save_to_disk folder, parquet/arrow/csv/json files, a folder of images
+    hub: Optional[str] = MISSING  # or a Hub name (needs network)
+    subset: Optional[str] = MISSING  # the Hub dataset's configuration name
+    splits: Optional[List[str]] = MISSING  # pooled splits; null = all
+    columns: HuggingFaceColumnsConfig = field(default_factory=HuggingFaceColumnsConfig)
+    partitioner: PartitionerConfig = field(default_factory=PartitionerConfig)  # partition=flower
+    num_classes: Optional[int] = MISSING  # null: the label's ClassLabel, else max label + 1
+    image_mode: Optional[str] = MISSING  # PIL mode images are decoded to (L, RGB); null = as stored
+    scale: float = MISSING  # raw values are divided by it (255 for 8-bit images)
+    normalize: Any = MISSING  # [mean, std] after scaling, per_feature or null
+    lazy: bool = MISSING  # each device's tensors made when first asked for
     cache_mb: float = MISSING
 
 
@@ -327,7 +365,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "hierfavg": HierFAVGConfig,
     },
     "dataset": {"vision": VisionDatasetConfig, "synthetic": SyntheticDatasetConfig,
-                "synthetic_multilevel": SyntheticMultilevelDatasetConfig},
+                "synthetic_multilevel": SyntheticMultilevelDatasetConfig, "huggingface": HuggingFaceDatasetConfig},
     "model": {"base": ModelConfig, "hidden": HiddenModelConfig},
     "topology": {"base": TopologyConfig, "tree": TreeTopologyConfig},
     "runtime": {"simulation": SimulationRuntimeConfig, "inprocess": InProcessRuntimeConfig,

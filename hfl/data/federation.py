@@ -4,8 +4,10 @@ validation, test), the tree and its level-1 nodes' devices, and the optional pro
 
 Generated data split by its natural partition (every device its own generated samples) is made
 device by device when asked for (``LazyDevices``): the driver and every Ray actor build the
-federation, and 100,000 devices' data (~10 GiB of Synthetic) fit in none of them. Any other
-dataset or partition needs the whole pool up front and builds every device at once.
+federation, and 100,000 devices' data (~10 GiB of Synthetic) fit in none of them. A Hugging Face
+dataset (``dataset.source: huggingface``, hfl/data/huggingface.py) is read once into raw arrays
+and its devices (Flower Datasets' partitions or hfl's) made from their rows when asked for
+(``PooledDevice``). Any other dataset or partition builds every device at once.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 import torch
 
 from hfl.tree import formation as topology
-from hfl.data import multilevel, synthetic, vision
+from hfl.data import huggingface, multilevel, synthetic, vision
 from hfl.data.partition import (
     classes_of_devices,
     clusterwise_clusters,
@@ -40,7 +42,7 @@ from hfl.data.partition import (
 )
 from hfl.errors import ConfigError, check_number
 from hfl.seed import derive_seed, rng
-from hfl.tree.shape import Tree
+from hfl.tree.shape import Tree, from_teams
 
 GENERATED = ("synthetic", "synthetic_multilevel")  # made from the seed, nothing on disk
 # Generated data with partition=natural (and no proxy pool): devices made when asked for
@@ -54,6 +56,7 @@ LAZY_CACHE_BYTES = 512 * 2**20
 LAZY_RECENT = 4  # the last devices asked for, kept whatever the budget (a node asks one twice in a row)
 DATASETS = (*GENERATED, *vision.SPECS)
 PARTITIONS = ("classes", "clusterwise", "dirichlet", "iid", "multilevel", "natural", "roundrobin")
+FLOWER = "flower"  # dataset.source=huggingface: Flower Datasets' partitioner dataset.partitioner (hfl/data/huggingface.py)
 
 
 def validation_or_empty(x_train: torch.Tensor, y_train: torch.Tensor, x_val: torch.Tensor | None,
@@ -341,16 +344,34 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
     Deterministic in ``seed``: every random stream is derived from it via hfl.seed.
     """
     name = _get(dataset_cfg, "name")
-    if name not in DATASETS:
+    source = dataset_cfg.get("source")
+    hf = source == huggingface.SOURCE  # any Hugging Face dataset, whatever its name
+    if source is not None and not hf:
+        raise ConfigError("dataset.source", f"unknown source {source!r}; known: {huggingface.SOURCE}")
+    if not hf and name not in DATASETS:
         raise ConfigError("dataset.name", f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
-    num_devices = topology.num_devices(topology_cfg)
-    tree = topology.form_tree(num_devices, topology_cfg, seed)
+    partition = _choice(dataset_cfg, "partition", "natural" if name in GENERATED else "classes",
+                        (*PARTITIONS, FLOWER) if hf else PARTITIONS, "partition")
+    if partition == "natural" and name not in GENERATED:
+        hint = "; natural ids as devices: partition=flower with partitioner.name=NaturalIdPartitioner" if hf else ""
+        raise ConfigError("dataset.partition", f"'natural' exists only for synthetic data, not {name}{hint}")
+    pool = huggingface.load_pool(dataset_cfg) if hf else None
+    split = None
+    if pool is not None and partition == FLOWER:  # the partitioner may make the devices (natural ids) and teams
+        split = huggingface.flower_split(dataset_cfg, pool, lambda: topology.num_devices(topology_cfg), seed)
+        num_devices = len(split.parts)
+    else:
+        num_devices = topology.num_devices(topology_cfg)
+    if split is not None and split.teams is not None:
+        what = (f"column {huggingface.column(dataset_cfg, 'group')!r} (dataset.columns.group)"
+                if huggingface.column(dataset_cfg, "group") else "GroupedNaturalIdPartitioner")
+        huggingface.check_topology(topology_cfg, split.teams, what)
+        tree = from_teams(split.teams)
+    else:
+        tree = topology.form_tree(num_devices, topology_cfg, seed)
     level1 = tree.level1_devices
     by_label = topology_cfg.get("formation") == "by_label"
 
-    partition = _choice(dataset_cfg, "partition", "natural" if name in GENERATED else "classes", PARTITIONS, "partition")
-    if partition == "natural" and name not in GENERATED:
-        raise ConfigError("dataset.partition", f"'natural' exists only for synthetic data, not {name}")
     if by_label and partition != "classes":
         raise ConfigError(
             "topology.formation", f"'by_label' gives teams label sets and needs dataset.partition=classes, got {partition!r}"
@@ -367,12 +388,11 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
     if name in GENERATED:
         source, input_shape, num_classes = _synthetic_source(dataset_cfg, num_devices, seed)
         # A device's natural share is its own generated data: nothing needs the pool.
-        lazy = _get(dataset_cfg, "lazy", LAZY_DEVICES)
-        if not isinstance(lazy, bool):
-            raise ConfigError("dataset.lazy", f"must be true or false, got {lazy!r}")
-        lazy = lazy and partition == "natural" and proxy_fraction == 0
+        lazy = _lazy(dataset_cfg) and partition == "natural" and proxy_fraction == 0
         if not lazy:
             x, y, natural, to_float = _pool(source, num_devices)
+    elif pool is not None:
+        x, y, input_shape, num_classes, natural, to_float = pool.x, pool.y, pool.input_shape, pool.num_classes, None, pool.to_float
     else:
         x, y, input_shape, num_classes, natural, to_float = _load_vision(dataset_cfg, name)
 
@@ -419,6 +439,8 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
         device_classes = path_classes(device_clusters, level_sets)
         parts = partition_among_owners(y, device_classes, seed)
         too_small_key = topology.device_count_key(topology_cfg)
+    elif partition == FLOWER:
+        parts, too_small_key = split.parts, "dataset.partitioner"
     elif partition == "iid":
         parts, too_small_key = partition_iid(y, num_devices, seed), topology.device_count_key(topology_cfg)
     else:
@@ -427,10 +449,8 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
 
     if lazy:
         check_natural_sizes(source, num_devices, train_fraction, val_fraction, seed, name)
-        cache = _get(dataset_cfg, "cache_mb", None)
-        cache_bytes = None if cache is None else int(check_number("dataset.cache_mb", cache, minimum=0) * 2**20)
         devices: Sequence[DeviceData] = LazyDevices(num_devices, NaturalDevice(source, train_fraction, val_fraction, seed),
-                                                    cache_bytes)
+                                                    _cache_bytes(dataset_cfg))
         return Federation(name, tuple(input_shape), num_classes, devices, level1, tree, None, None, None, device_clusters)
 
     for d, idx in enumerate(parts):
@@ -450,10 +470,30 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
         proxy_x = torch.from_numpy(np.ascontiguousarray(to_float(x[proxy])))
         proxy_y = torch.from_numpy(y[proxy])
 
-    devices = [split_device(d, x, y, idx, train_fraction, val_fraction, seed, to_float) for d, idx in enumerate(parts)]
+    if pool is not None and _lazy(dataset_cfg):  # each device's tensors made when a node first asks for it
+        for n in sorted({len(idx) for idx in parts}):  # the eager path's refusal, before any training
+            if not _split_fits(n, train_fraction, val_fraction):
+                d = next(d for d, idx in enumerate(parts) if len(idx) == n)
+                split_train_val_test(parts[d], train_fraction, val_fraction, seed, d)  # raises, naming device d
+        devices = LazyDevices(num_devices, PooledDevice(x, y, tuple(parts), train_fraction, val_fraction, seed, to_float),
+                              _cache_bytes(dataset_cfg))
+    else:
+        devices = [split_device(d, x, y, idx, train_fraction, val_fraction, seed, to_float) for d, idx in enumerate(parts)]
     sorted_classes = None if device_classes is None else [sorted(cs) for cs in device_classes]
     return Federation(name, tuple(input_shape), num_classes, devices, level1, tree, proxy_x, proxy_y, sorted_classes,
                       device_clusters)
+
+
+def _lazy(cfg: Mapping) -> bool:
+    lazy = _get(cfg, "lazy", LAZY_DEVICES)
+    if not isinstance(lazy, bool):
+        raise ConfigError("dataset.lazy", f"must be true or false, got {lazy!r}")
+    return lazy
+
+
+def _cache_bytes(cfg: Mapping) -> int | None:
+    cache = _get(cfg, "cache_mb", None)
+    return None if cache is None else int(check_number("dataset.cache_mb", cache, minimum=0) * 2**20)
 
 
 def split_device(d: int, x: np.ndarray, y: np.ndarray, idx: np.ndarray, train_fraction: float, val_fraction: float,
@@ -491,6 +531,27 @@ class NaturalDevice:
         return split_lengths(self.source.num_samples(d), self.train_fraction, self.val_fraction)
 
 
+@dataclass(frozen=True)
+class PooledDevice:
+    """Makes device d of a lazy federation over a pool (a Hugging Face dataset's): its rows
+    ``parts[d]``, split and made float as the eager path makes them."""
+
+    x: np.ndarray
+    y: np.ndarray
+    parts: tuple[np.ndarray, ...]
+    train_fraction: float
+    val_fraction: float
+    seed: int
+    to_float: Callable[[np.ndarray], np.ndarray]
+
+    def __call__(self, d: int) -> DeviceData:
+        return split_device(d, self.x, self.y, self.parts[d], self.train_fraction, self.val_fraction, self.seed,
+                            self.to_float)
+
+    def sizes(self, d: int) -> tuple[int, int, int]:
+        return split_lengths(len(self.parts[d]), self.train_fraction, self.val_fraction)
+
+
 @functools.lru_cache(maxsize=4096)
 def split_lengths(n: int, train_fraction: float, val_fraction: float) -> tuple[int, int, int]:
     """The train, validation and test sizes of a device of ``n`` samples (they depend on n alone)."""
@@ -502,7 +563,7 @@ def device_sizes(fed: Federation, d: int) -> tuple[int, int, int]:
     """Device d's train, validation and test sizes; a lazy device's from its size draw, without
     making it (PFLEGO's root sums every device's, a million of them on a lazy federation)."""
     devices = fed.devices
-    if isinstance(devices, LazyDevices) and isinstance(devices.make, NaturalDevice):
+    if isinstance(devices, LazyDevices) and isinstance(devices.make, (NaturalDevice, PooledDevice)):
         return devices.make.sizes(d)
     data = devices[d]
     return len(data.y_train), len(data.y_val), len(data.y_test)
@@ -513,7 +574,7 @@ def devices_without_validation(fed: Federation) -> list[int]:
     ``split_train_val_test``, which gives every device one when ``val_fraction`` > 0 (else it
     refuses the run): nothing is generated to know it."""
     devices = fed.devices
-    if isinstance(devices, LazyDevices) and isinstance(devices.make, NaturalDevice):
+    if isinstance(devices, LazyDevices) and isinstance(devices.make, (NaturalDevice, PooledDevice)):
         return [] if devices.make.val_fraction > 0 else list(range(len(devices)))
     return [d.device_id for d in devices if len(d.y_val) == 0]
 
