@@ -107,7 +107,7 @@ def build_jobs(args: argparse.Namespace) -> list[Job]:
                 "algorithm.down.optimizer=sgd", "algorithm.down.lr=0.5"]
         variants = {"bhfl_async_devices": [*bhfl, f"algorithm.background_every={args.period / 5}"],
                     "bhfl": bhfl,
-                    "hierfavg": ALGORITHMS["hierfavg"] + ["++algorithm.sample_fraction=[1,0.2]"],
+                    "hierfavg": ALGORITHMS["hierfavg"] + ["algorithm.sample_fraction=[1,0.2]"],
                     "fedavg": ["algorithm=fedavg", "algorithm.sample_fraction=[1,0.2]"]}
         for variant, chosen in variants.items():
             for seed in args.seeds:

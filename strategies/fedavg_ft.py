@@ -46,7 +46,7 @@ def check_fine_tuning(alg: Mapping[str, Any]) -> None:
     check_keys(alg, finetune_epochs={"integer": True, "minimum": 0}, finetune_lr={"minimum": 0, "open_min": True})
     # A device learns its fine-tuning settings from its training rounds (the evaluation message
     # carries only the model): one never asked to train would have none to test with.
-    fraction = alg.get("sample_fraction", 1.0)
+    fraction = alg["sample_fraction"]
     if any(float(f) < 1 for f in (fraction if isinstance(fraction, list | tuple) else [fraction])):
         raise ConfigError("algorithm.sample_fraction", "FedAvg+ needs every device in every round (each learns its "
                                                        "fine-tuning settings from its training rounds); "

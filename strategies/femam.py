@@ -82,14 +82,14 @@ def check_config(alg: Mapping[str, Any]) -> None:
     check_keys(alg, prox={"minimum": 0}, converge_window={"integer": True, "minimum": 1},
                converge_tol={"minimum": 0}, prune_window={"integer": True, "minimum": 1},
                kmeans_n_init={"integer": True, "minimum": 1})
-    if alg.get("local_epochs") is not None:
+    if alg["local_epochs"] is not None:
         check_keys(alg, local_epochs={"integer": True, "minimum": 1})
     fixed = {"team_rounds": 1, "sampling": "children", "sample_fraction": 1.0, "weighted": True}
     for key, value in fixed.items():
         if alg.get(key, value) != value:
             raise ConfigError(f"algorithm.{key}", f"FeMAM needs {value!r} here (full participation, one round per "
                                                   f"call at every node), got {alg.get(key)!r}")
-    if alg.get("level_rounds") is not None and any(int(r) != 1 for r in alg["level_rounds"]):
+    if alg["level_rounds"] is not None and any(int(r) != 1 for r in alg["level_rounds"]):
         raise ConfigError("algorithm.level_rounds", "FeMAM runs one round per call at every node: every entry must be 1")
 
 
@@ -366,7 +366,7 @@ class FemamServer(ServerRule):
     def fit_config(self) -> dict[str, Scalar]:
         alg = self.alg
         return {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "prox": alg["prox"],
-                "local_epochs": alg.get("local_epochs") or 0, "num_levels": len(alg["levels"]),
+                "local_epochs": alg["local_epochs"] or 0, "num_levels": len(alg["levels"]),
                 "femam_level": self.info["level"], "femam_kind": self.info["kind"],
                 "femam_first": int(self.info["first"]), "prune": self.info["prune"]}
 

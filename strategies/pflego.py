@@ -122,7 +122,7 @@ def check_config(alg: Mapping[str, Any]) -> None:
     for key, value in fixed.items():
         if alg.get(key) != value:
             raise ConfigError(f"algorithm.{key}", f"PFLEGO needs {value!r} here, got {alg.get(key)!r}")
-    if alg.get("level_rounds") is not None and any(int(r) != 1 for r in alg["level_rounds"]):
+    if alg["level_rounds"] is not None and any(int(r) != 1 for r in alg["level_rounds"]):
         raise ConfigError("algorithm.level_rounds", "PFLEGO takes one step per global round: every entry must be 1")
 
 

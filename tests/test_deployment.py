@@ -162,7 +162,7 @@ STATEFUL = {
                "algorithm.local_steps=5", "algorithm.sample_fraction=0.5", "algorithm.server_lr=0.05"],
     # loss-aware choice of children (hfl.node.cohort) at the root and at the level-1 nodes' hosts
     "power_of_choice": ["algorithm=fedavg", "dataset.max_samples=200", "algorithm.sample_fraction=[0.5,0.67]",
-                        "+algorithm.candidates=[1,1]", "algorithm.team_rounds=2"],
+                        "algorithm.candidates=[1,1]", "algorithm.team_rounds=2"],
     # named parts relayed both ways, group models kept by the root
     "femam": ["algorithm=femam", "dataset=synthetic_multilevel", "dataset.clusters=[2]", "dataset.scales=[1.0,1.0,0.3]",
               "dataset.val_fraction=0.2", "model=mclr", "algorithm.levels=[1,2,0]", "algorithm.rounds_per_level=[1,1,1]",

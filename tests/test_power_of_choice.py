@@ -95,17 +95,17 @@ BASE = ["algorithm=fedavg", "topology=tree", "dataset.max_samples=200", "dataset
 
 
 @pytest.mark.parametrize(("overrides", "key", "words"), [
-    (["topology.fanout=[2,4]", "algorithm.sample_fraction=[1,0.5]", "+algorithm.candidates=[0.5,0]"],
+    (["topology.fanout=[2,4]", "algorithm.sample_fraction=[1,0.5]", "algorithm.candidates=[0.5,0]"],
      "algorithm.candidates[0]", "asks every child"),
-    (["topology.fanout=[2,4]", "algorithm.sample_fraction=[1,0.5]", "+algorithm.candidates=[0,0.25]"],
+    (["topology.fanout=[2,4]", "algorithm.sample_fraction=[1,0.5]", "algorithm.candidates=[0,0.25]"],
      "algorithm.candidates[1]", "below its algorithm.sample_fraction"),
-    (["topology.fanout=[2,4]", "algorithm.sample_fraction=[1,0.5]", "+algorithm.candidates=[0,1,1]"],
+    (["topology.fanout=[2,4]", "algorithm.sample_fraction=[1,0.5]", "algorithm.candidates=[0,1,1]"],
      "algorithm.candidates", "has 3 entries"),
-    (["topology.fanout=[2,4]", "algorithm.sample_fraction=0.5", "+algorithm.candidates=1.5"],
+    (["topology.fanout=[2,4]", "algorithm.sample_fraction=0.5", "algorithm.candidates=1.5"],
      "algorithm.candidates", "1.5"),
     (["topology.fanout=[2,4]", "algorithm.sampling=devices", "algorithm.sample_fraction=0.5",
-      "+algorithm.candidates=1"], "algorithm.candidates", "sampling=children"),
-    (["topology.fanout=[2,4]", "algorithm.sample_fraction=[1,0.5]", "+algorithm.candidates=[0,1]", "clock.enabled=true"],
+      "algorithm.candidates=1"], "algorithm.candidates", "sampling=children"),
+    (["topology.fanout=[2,4]", "algorithm.sample_fraction=[1,0.5]", "algorithm.candidates=[0,1]", "clock.enabled=true"],
      "algorithm.candidates[1]", "clock"),
 ])
 def test_bad_candidates_stop_the_run_naming_the_key(tmp_path, overrides, key, words):
@@ -141,7 +141,7 @@ def test_at_the_root_and_at_level_one_in_process(tmp_path):
     candidates. The losses they chose by are kept in the stored state and recorded."""
     run_dir = tmp_path / "run"
     run(compose_cfg(*BASE, "topology.fanout=[4,4]", "global_rounds=4", "eval_every=2",
-                    "algorithm.sample_fraction=[0.5,0.5]", "+algorithm.candidates=[1,0.75]"), run_dir)
+                    "algorithm.sample_fraction=[0.5,0.5]", "algorithm.candidates=[1,0.75]"), run_dir)
     records = rows(run_dir)
     root = assert_loss_aware(records, "root")
     assert len(root) == 4 and all(len(r["candidates"]) == 4 and len(r["asked"]) == 2 for r in root)
@@ -162,7 +162,7 @@ def test_at_the_root_and_at_level_one_in_process(tmp_path):
 def test_the_choice_changes_what_trains_and_a_random_draw_is_kept_without_it(tmp_path):
     common = [*BASE, "topology.fanout=[4,4]", "global_rounds=3", "eval_every=3", "algorithm.sample_fraction=[0.5,0.5]"]
     run(compose_cfg(*common), tmp_path / "random")
-    run(compose_cfg(*common, "+algorithm.candidates=[1,1]"), tmp_path / "choice")
+    run(compose_cfg(*common, "algorithm.candidates=[1,1]"), tmp_path / "choice")
     random_rows, choice_rows = rows(tmp_path / "random"), rows(tmp_path / "choice")
     assert all("candidates" not in r for r in random_rows)
     assert [r["asked"] for r in random_rows] != [r["asked"] for r in choice_rows]
@@ -172,7 +172,7 @@ def test_on_ray_equals_in_process(tmp_path):
     """The root's level-1 nodes are Ray actors: the same children chosen, the same losses, the same models."""
     overrides = ["algorithm=fedavg", "topology=tree", "dataset.max_samples=200", "dataset.batch_size=32",
                  "algorithm.local_steps=3", "runtime.torch_threads=1", "topology.fanout=[4,3]", "global_rounds=3",
-                 "eval_every=3", "algorithm.sample_fraction=[0.5,0.67]", "+algorithm.candidates=[0.75,1]"]
+                 "eval_every=3", "algorithm.sample_fraction=[0.5,0.67]", "algorithm.candidates=[0.75,1]"]
     run(compose_cfg(*overrides, "runtime=inprocess"), tmp_path / "inprocess")
     run(compose_cfg(*overrides, "runtime=simulation"), tmp_path / "ray")
     local, ray = rows(tmp_path / "inprocess"), rows(tmp_path / "ray")

@@ -84,7 +84,7 @@ def test_hfls_hint_for_a_misspelt_key_never_suggests_adding_it(override):
 @pytest.mark.parametrize("overrides", [
     ["algorithm=hierfavg", "++algorithm.sample_fraction=[1,0.2]"],  # read by the engine for every algorithm
     ["algorithm=bhfl", "+algorithm.levels.0.up={optimizer: adam, lr: 0.01}"],  # keyed by depth, checked by B-HFL
-    ["+runtime.state_dir=/tmp"],  # read by every runtime
+    ["runtime.state_dir=/tmp"],  # declared for every runtime
     ["hydra.run.dir=/tmp/elsewhere"],  # Hydra's own keys
 ])
 def test_keys_that_are_read_stay_open(overrides):

@@ -46,7 +46,7 @@ PERMFL = [*SMALL, "global_rounds=5", "eval_every=2"]
 # Loss-aware choice at the root and at level 1: the losses each node chose by are kept in its stored state.
 POWER_OF_CHOICE = ["algorithm=fedavg", "topology=tree", "topology.fanout=[4,4]", "dataset.max_samples=200",
                    "dataset.batch_size=32", "algorithm.local_steps=3", "global_rounds=5", "eval_every=2",
-                   "algorithm.sample_fraction=[0.5,0.5]", "+algorithm.candidates=[1,0.75]", "runtime.torch_threads=1"]
+                   "algorithm.sample_fraction=[0.5,0.5]", "algorithm.candidates=[1,0.75]", "runtime.torch_threads=1"]
 
 
 # ---------------------------------------------------------------- helpers

@@ -14,8 +14,8 @@ from hfl.errors import ConfigError
 def check_clock(cfg: Mapping, depth: int, server: type, fed: Any) -> None:
     """Refuse a clock that cannot run: bad figures, a policy for a level the tree lacks, a policy
     other than sync for an algorithm whose node step is no weighted merge."""
-    clock = cfg.get("clock") or {}
-    if not clock.get("enabled", False):
+    clock = cfg["clock"]
+    if not clock["enabled"]:
         if float(cfg["algorithm"].get("background_every", 0.0) or 0.0) > 0:
             raise ConfigError("algorithm.background_every", "devices' own sessions run in simulated time: "
                                                             "set clock.enabled=true")
@@ -41,7 +41,7 @@ def check_clock(cfg: Mapping, depth: int, server: type, fed: Any) -> None:
         if alg.get("residual_down") or int(alg.get("residual_up_k", 0) or 0):
             raise ConfigError("clock.policy", f"{policy.kind} merges models as weighted deltas; B-HFL's residual "
                                               "edges send more than the model: use sync, or residual edges off")
-        if policy.carries and alg.get("sampling", "children") == "devices":
+        if policy.carries and alg["sampling"] == "devices":
             raise ConfigError("clock.policy", f"{policy.kind} keeps children busy across rounds, which "
                                               "algorithm.sampling=devices (the root's draw) does not allow")
     for key in ("policy", "deadline", "min_replies", "buffer", "concurrency", "latency", "bandwidth"):

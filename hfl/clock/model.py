@@ -181,8 +181,8 @@ def read_trace(path: str | Path) -> dict[int, float]:
 def run_clock(cfg: Mapping) -> Clock | None:
     """The run's clock (``clock.enabled``), or None: rounds take no simulated time. Made once per
     process and configuration: every node a message builds asks for it (a trace file is read once)."""
-    clock = cfg.get("clock") or {}
-    if not clock.get("enabled", False):
+    clock = cfg["clock"]
+    if not clock["enabled"]:
         return None
     return _clock(json.dumps(clock, sort_keys=True), int(cfg["seed"]))
 

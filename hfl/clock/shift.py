@@ -99,8 +99,8 @@ class Shift:
 
 def run_shift(cfg: Mapping) -> Shift | None:
     """The run's dataset shift, or None (no clock, or ``clock.shift.kind: none``)."""
-    clock = cfg.get("clock") or {}
-    shift = clock.get("shift") or {}
-    if not clock.get("enabled", False) or shift.get("kind", "none") == "none":
+    clock = cfg["clock"]
+    shift = clock["shift"]
+    if not clock["enabled"] or shift["kind"] == "none":
         return None
     return Shift.from_config(shift, int(cfg["seed"]))

@@ -81,10 +81,10 @@ def _check_levels(alg: Mapping) -> None:
     for key in ("persistent_devices", "local_labels", "fit_test"):
         if key in alg and not isinstance(alg[key], bool):
             raise ConfigError(f"algorithm.{key}", f"must be true or false, got {alg[key]!r}")
-    if alg.get("level_rounds") is not None:
+    if alg["level_rounds"] is not None:
         check_number_list("algorithm.level_rounds", alg["level_rounds"], "rounds per level", integer=True, minimum=1)
-    fraction = alg.get("sample_fraction", 1.0)
-    sampling = alg.get("sampling", "children")
+    fraction = alg["sample_fraction"]
+    sampling = alg["sampling"]
     if sampling not in SAMPLINGS:
         raise ConfigError("algorithm.sampling", f"unknown sampling {sampling!r}; known: {', '.join(SAMPLINGS)}")
     if sampling == "devices" and isinstance(fraction, list | tuple):
@@ -103,14 +103,14 @@ def _check_candidates(alg: Mapping) -> None:
     """``candidates`` (power-of-choice, hfl.node.cohort): 0 (none) or a share in (0, 1], a number or a
     list root first; checked against each level's sample_fraction once the tree is built
     (hfl.runtime.build.check_tree)."""
-    candidates = alg.get("candidates", 0)
+    candidates = alg["candidates"]
     listed = isinstance(candidates, list | tuple)
     values = list(candidates) if listed else [candidates]
     if not values:
         raise ConfigError("algorithm.candidates", "must be a number or a non-empty list")
     for i, value in enumerate(values):
         check_number(f"algorithm.candidates[{i}]" if listed else "algorithm.candidates", value, minimum=0, maximum=1)
-    if any(values) and alg.get("sampling", "children") == "devices":
+    if any(values) and alg["sampling"] == "devices":
         raise ConfigError("algorithm.candidates", "a loss-aware choice of children needs algorithm.sampling=children "
                                                   "(with sampling=devices the root draws the devices)")
 
@@ -152,7 +152,7 @@ def validate(cfg: Mapping) -> None:
     check_finite(cfg)
     _number(cfg, "global_rounds", minimum=1, integer=True)
     _number(cfg, "eval_every", minimum=1, integer=True)
-    check_fractions("eval_fraction", cfg.get("eval_fraction", 1.0))
+    check_fractions("eval_fraction", cfg["eval_fraction"])
     _number(cfg, "seed", minimum=0, integer=True)
     _number(cfg, "dataset.batch_size", minimum=1, integer=True)
     _number(cfg, "algorithm.team_rounds", minimum=1, integer=True)
@@ -173,7 +173,7 @@ def validate(cfg: Mapping) -> None:
         raise ConfigError("algorithm.client", f"module {client.__name__} lacks make_client")
     getattr(client, "check_config", lambda alg: None)(alg)
     _check_levels(alg)
-    runtime = cfg.get("runtime", {})
+    runtime = cfg["runtime"]
     if runtime.get("name") not in RUNTIMES:
         raise ConfigError("runtime.name", f"unknown runtime {runtime.get('name')!r}; known: {', '.join(RUNTIMES)}")
     _number(cfg, "runtime.torch_threads", minimum=1, integer=True)
@@ -240,7 +240,7 @@ def check_state_dir(runtime: Mapping) -> None:
     import os
     from pathlib import Path
 
-    value = runtime.get("state_dir")
+    value = runtime["state_dir"]
     if value is None:
         return
     if not isinstance(value, str) or not value.strip():

@@ -30,7 +30,7 @@ def compose_config(overrides: str, run_id: int) -> dict:
         cfg = OmegaConf.to_container(composed, resolve=True)
     validate(cfg)
     # runtime.state_dir (a directory every Ray node mounts) or this machine's temp dir; a folder per run
-    base = cfg["runtime"].get("state_dir") or tempfile.gettempdir()
+    base = cfg["runtime"]["state_dir"] or tempfile.gettempdir()
     cfg["runtime"]["state_dir"] = str(Path(base) / f"hfl-state-{run_id}")
     return cfg
 

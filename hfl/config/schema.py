@@ -26,15 +26,19 @@ subclassing it beside its rule (``strategies/permfl.py``'s ``PerMFLConfig``, ``P
 defaults list gives, so its own keys are typed too and adding an algorithm touches no file of hfl. A schema is closed, as
 Hydra's configs are, and stays closed to ``+key=value``/``++key=value`` (which Hydra lets through):
 ``check_keys`` refuses after composing a key nothing reads, naming the closest real key or the
-option that has it (``OPEN_KEYS``: the optional keys hfl reads for every option); a preset that sets another algorithm's key (``experiment=permfl_mnist_mclr
+option that has it; a preset that sets another algorithm's key (``experiment=permfl_mnist_mclr
 algorithm=fedavg`` sets ``algorithm.eta``) is refused naming that key. Datasets likewise:
 ``DatasetConfig`` for the keys common to all, then ``VisionDatasetConfig``,
 ``SyntheticDatasetConfig`` and ``SyntheticMultilevelDatasetConfig``; models (``hidden`` for
 the MLP/DNN/CNN), topologies (``fanout``/``nodes`` for ``tree``) and runtimes the same way.
 
-Defaults are declared once, in the YAML files: every schema field is ``MISSING`` here, so a
+Defaults are declared once, in the YAML files: schema fields are ``MISSING`` here, so a
 value comes only from ``conf/`` (or an override), and a YAML file that forgets a key its
 schema declares leaves it ``???``, which ``hfl.config.checks.validate`` refuses naming the key.
+The exception: keys every option of a group has with one engine default that its files need not
+repeat (``AlgorithmConfig``'s ``sampling``, ``sample_fraction``, ``candidates``, ``level_rounds``,
+``local_labels``, ``local_epochs``; ``RuntimeConfig``'s ``state_dir``, ``team_wait_seconds``,
+``verbose``) carry it here, and the code reads them without a default of its own.
 
 What stays a check before training (``hfl.config.checks.validate``, an algorithm's
 ``check_config``, ``hfl.data`` and ``hfl.tree.formation``), because a type cannot say it:
@@ -105,6 +109,14 @@ class AlgorithmConfig:
     alpha: float = MISSING
     weighted: Any = MISSING  # true | false: checked by hfl.config.checks.validate (tests pin its message)
     min_fit_fraction: float = MISSING
+    # Keys every algorithm has, with the engine's defaults (an algorithm's file may set them; the
+    # defaults live here only). Per-level ones: a number (every level) or a list, root first.
+    sampling: str = "children"  # children | devices (hfl.config.checks.SAMPLINGS)
+    sample_fraction: Any = 1.0  # the share of its children a node asks per round; devices: of all devices
+    candidates: Any = 0  # power-of-choice (hfl.node.cohort): candidates drawn per round; 0: none
+    level_rounds: Optional[List[int]] = None  # rounds per call at levels 1..D-1; null: team_rounds at the lowest, 1 above
+    local_labels: bool = False  # devices index their own classes (PFLEGO's heads; FedAvg/FedPer as its baselines)
+    local_epochs: Optional[int] = None  # epochs of local training, where an algorithm counts epochs not steps
 
 
 @dataclass
@@ -251,6 +263,10 @@ class TreeTopologyConfig(TopologyConfig):
 class RuntimeConfig:
     name: str = MISSING  # simulation | inprocess | deployment (checked by hfl.config.checks)
     torch_threads: int = MISSING
+    # null: <run dir>/state; else a directory of its own (a Ray cluster: one every node mounts)
+    state_dir: Optional[str] = None
+    team_wait_seconds: float = 60.0  # how long the first global round waits for the level-1 nodes to connect
+    verbose: bool = False  # Flower's and Ray's own logs on the console
     # Simulated faults (hfl.node.faults), in [0, 1) (checked by hfl.config.checks; 0 in deployment, which has real ones)
     dropout: float = MISSING  # of the devices a lowest server asks, the fraction failing each round
     dropout_nodes: float = MISSING  # of the inner nodes a node (the root included) asks, likewise
@@ -478,17 +494,8 @@ def _shown(value: str, type_name: str) -> str:
 # ------------------------------------------------------------- keys nothing reads
 # Hydra's ``+key=value`` / ``++key=value`` add a key even to a closed (struct) schema node, so a
 # misspelt ``+algorithm.alhpa=0.5`` would compose and be silently ignored. ``check_keys`` refuses,
-# after composing, every key that neither the node's schema declares nor hfl reads as an optional
-# key of every option of its group (OPEN_KEYS).
+# after composing, every key the node's schema does not declare.
 
-# Optional keys hfl's engine reads, with a default, whatever the option (hfl/runtime/build.py,
-# hfl/runtime/apps.py, hfl/runtime/simulate.py): adding one to an option whose schema lacks it is
-# meaningful (e.g. ``algorithm=hierfavg ++algorithm.sample_fraction=[1,0.2]``).
-OPEN_KEYS: dict[str, frozenset[str]] = {
-    "algorithm": frozenset({"candidates", "level_rounds", "local_epochs", "local_labels", "sample_fraction",
-                            "sampling"}),
-    "runtime": frozenset({"state_dir", "team_wait_seconds", "verbose"}),
-}
 # What an algorithm is, declared by its server rule's class (hfl.algorithm.ServerRule) or its device
 # client's (hfl.device.client.DeviceClient), never set in a config: a config that sets one is
 # refused naming the class attribute (unknown_key).
@@ -511,7 +518,7 @@ def check_keys(cfg: Any) -> None:
         owner = OmegaConf.get_type(node)
         known: set[str] | None = None
         if owner is not None and dataclasses.is_dataclass(owner):
-            known = {f.name for f in dataclasses.fields(owner)} | OPEN_KEYS.get(path, frozenset())
+            known = {f.name for f in dataclasses.fields(owner)}
         elif path in CLOSED_MAPPINGS:
             known = set(_conf_defaults(path))
         for name in node.keys():
@@ -542,7 +549,7 @@ def unknown_key(key: str, owner: type | None, where: str = "", alg: Any = None) 
                                 f"setting; its {kind}'s class declares it{where}")
     prefix = f"{parent}." if parent else ""
     if owner is not None and dataclasses.is_dataclass(owner):
-        fields = [f.name for f in dataclasses.fields(owner)] + sorted(OPEN_KEYS.get(parent, ()))
+        fields = [f.name for f in dataclasses.fields(owner)]
     else:
         fields = list(_conf_defaults(parent)) if parent in CLOSED_MAPPINGS else []
     providers = [f"{parent}={option}" for option, node in _options(parent).items()

@@ -45,7 +45,7 @@ def model_classes(cfg: Mapping, fed: Federation, personal_heads: bool = False) -
     setting). A head shared by the servers needs one K for every device; an algorithm whose
     heads stay on the devices (``personal_heads``: its rule's ``ServerRule.personal_heads``) builds
     each with its own K_i."""
-    if not cfg["algorithm"].get("local_labels", False):
+    if not cfg["algorithm"]["local_labels"]:
         return fed.num_classes
     counts = class_counts(fed)
     if len(counts) > 1 and not personal_heads:
@@ -58,7 +58,7 @@ def model_classes(cfg: Mapping, fed: Federation, personal_heads: bool = False) -
 def device_data(cfg: Mapping, fed: Federation, device_id: int) -> DeviceData:
     """A device's data; with ``algorithm.local_labels`` its labels are local class indices."""
     data = fed.devices[device_id]
-    if not cfg["algorithm"].get("local_labels", False):
+    if not cfg["algorithm"]["local_labels"]:
         return data
     classes = torch.tensor(device_classes(fed, device_id))
     local = {}

@@ -44,7 +44,7 @@ def serve_root(grid: Grid, context: Context, cfg: Mapping, out: Path) -> None:
     cfg = {**cfg, "runtime": {**cfg["runtime"], "state_dir": None}}
     # The level-1 nodes by path: one whose bridge is started again is found under its new node id.
     children = Children(grid, tree.children(""), devices=False,
-                        wait_seconds=float(cfg["runtime"].get("team_wait_seconds", 60)), timeout=None)
+                        wait_seconds=float(cfg["runtime"]["team_wait_seconds"]), timeout=None)
     try:
         with RunLock(out):
             start = prepare(cfg, out)  # a resumption: the newest checkpoint the stored state matches

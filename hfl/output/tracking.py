@@ -233,7 +233,7 @@ class TensorBoardTracker:
         from torch.utils.tensorboard.summary import hparams
 
         existing = sorted(self.log_dir.glob("events.out.tfevents.*"))
-        if existing and not cfg.get("resume", False):
+        if existing and not cfg["resume"]:
             for path in existing:  # a new run in this folder starts it afresh, as it does metrics.jsonl
                 path.unlink()
             existing = []
@@ -397,7 +397,7 @@ class MlflowTracker:
     def start(self, cfg: Mapping, done: Sequence[Mapping]) -> None:
         from mlflow.entities import Param, RunTag
 
-        resumed = self._resumable() if cfg.get("resume", False) else None
+        resumed = self._resumable() if cfg["resume"] else None
         if resumed is not None:
             self.run_id = resumed
             logged = max((m.step for m in self.client.get_metric_history(resumed, "seconds")), default=0)
@@ -416,7 +416,7 @@ class MlflowTracker:
             for i in range(0, len(params), PARAMS_PER_BATCH):
                 self.client.log_batch(self.run_id, params=params[i:i + PARAMS_PER_BATCH])
             self.client.log_dict(self.run_id, json.loads(json.dumps(cfg)), "config.json")
-            if cfg.get("resume", False):
+            if cfg["resume"]:
                 self.client.log_batch(self.run_id, tags=[RunTag("hfl.resumed", "true")])
                 log.info("hfl: logger=mlflow found no run of %s to go on with in %s: new run %s, with the %d "
                          "evaluated rounds it had", self.run_dir, self.uri, self.run_id, len(done))

@@ -58,24 +58,24 @@ def build_global_strategy(cfg: Mapping, run_dir: str | Path) -> RootStrategy:
         return server(NodeContext(cfg, "", fed.tree.depth, initial, state, fed, run_dir=Path(run_dir)))
 
     device_sampling = None
-    if alg.get("sampling", "children") == "devices":
+    if alg["sampling"] == "devices":
         holds = {path: frozenset(fed.tree.devices_under(path)) for path in fed.tree.children("")}
         device_sampling = DeviceDraw(len(fed.devices), float(alg["sample_fraction"]), int(cfg["seed"]), holds)
     strategy = RootStrategy(
         make_rule,
-        StateStore(cfg["runtime"].get("state_dir") or Path(run_dir) / "state"),
+        StateStore(cfg["runtime"]["state_dir"] or Path(run_dir) / "state"),
         num_children=len(fed.tree.children("")),
         num_rounds=int(cfg["global_rounds"]),
         eval_every=int(cfg["eval_every"]),
-        wait_seconds=float(cfg["runtime"].get("team_wait_seconds", 60)),
+        wait_seconds=float(cfg["runtime"]["team_wait_seconds"]),
         device_sampling=device_sampling,
-        min_fit_fraction=float(alg.get("min_fit_fraction", 1.0)),
+        min_fit_fraction=float(alg["min_fit_fraction"]),
         selection=level_selection(cfg, 0, lowest=False),  # runtime.dropout_nodes: it drops level-1 nodes too
         # eval_fraction: the root's share of the level-1 nodes; the intervals are drawn against every device
         evaluation=EvaluationDraw(eval_fraction(cfg, 0, fed.tree.depth), int(cfg["seed"]), fed.tree.num_devices)
         if evaluation_sampled(cfg) else None,
         clock=run_clock(cfg),  # simulated time (hfl.clock)
-        policy=LevelPolicy.for_level(cfg.get("clock", {}), 0),
+        policy=LevelPolicy.for_level(cfg["clock"], 0),
         seed=int(cfg["seed"]),
     )
     return strategy

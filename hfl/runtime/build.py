@@ -166,7 +166,7 @@ def uses_batched(cfg: Mapping, trainer: LocalTrainer) -> bool:
     """Whether lowest nodes step their devices together: runtime.batched on, or auto where the
     algorithm's device client has the batched path (``DeviceClient.batched``), the model carries no buffers and the
     batched path is the faster one (hfl.accel.batched.batching_pays)."""
-    setting = batched_setting(cfg.get("runtime", {}))
+    setting = batched_setting(cfg["runtime"])
     if setting == "off" or not client_class(cfg["algorithm"]).batched:
         return False
     if any(True for _ in trainer.model.buffers()):
@@ -174,7 +174,7 @@ def uses_batched(cfg: Mapping, trainer: LocalTrainer) -> bool:
             raise ConfigError("runtime.batched", f"{type(trainer.model).__name__} keeps buffers (BatchNorm), which the "
                                                  "batched path does not step; use runtime.batched=auto or off")
         return False
-    return setting == "on" or batching_pays(trainer.model, resolve_device(cfg["runtime"].get("device")))
+    return setting == "on" or batching_pays(trainer.model, resolve_device(cfg["runtime"]["device"]))
 
 
 # ---------------------------------------------------------------- per-level settings
@@ -182,7 +182,7 @@ def level_rounds(alg: Mapping, level: int, depth: int) -> int:
     """Rounds a node at ``level`` (1..depth-1) runs per call: ``algorithm.level_rounds[level-1]``
     where given, else ``team_rounds`` at the lowest server level and 1 above it (so FedAvg's
     means compose into one flat mean, and HierFAVG has its K rounds at the lowest level)."""
-    rounds = alg.get("level_rounds")
+    rounds = alg["level_rounds"]
     if rounds is not None:
         return int(rounds[level - 1])
     return int(alg["team_rounds"]) if level == depth - 1 else 1
@@ -191,9 +191,9 @@ def level_rounds(alg: Mapping, level: int, depth: int) -> int:
 def level_fraction(alg: Mapping, level: int) -> float:
     """The fraction of its children a node at ``level`` asks per round (``algorithm.sample_fraction``:
     one number for every level, or a list, root first)."""
-    if alg.get("sampling", "children") == "devices":
+    if alg["sampling"] == "devices":
         return 1.0  # the root draws devices; nodes ask the children that hold them
-    fraction = alg.get("sample_fraction", 1.0)
+    fraction = alg["sample_fraction"]
     if isinstance(fraction, list | tuple):
         return float(fraction[level])
     return float(fraction)
@@ -203,7 +203,7 @@ def level_selection(cfg: Mapping, level: int, lowest: bool) -> Selection:
     """How the nodes at ``level`` pick their rounds' children: ``algorithm.sample_fraction`` of the
     level (and its ``candidates``), and the simulated faults (hfl.node.faults) of the lowest servers' devices
     (``runtime.dropout``) or of the others' child nodes (``runtime.dropout_nodes``)."""
-    devices, nodes = dropout_fractions(cfg.get("runtime", {}))
+    devices, nodes = dropout_fractions(cfg["runtime"])
     alg = cfg["algorithm"]
     return Selection(level_fraction(alg, level), devices if lowest else nodes, int(cfg["seed"]),
                      level_candidates(alg, level))
@@ -213,15 +213,15 @@ def partial_participation(cfg: Mapping, depth: int) -> bool:
     """Whether a device may not have trained when it is tested: some level samples its children (a
     device under a node never asked, too), the root draws devices, simulated faults, a clock."""
     alg = cfg["algorithm"]
-    devices, nodes = dropout_fractions(cfg.get("runtime", {}))
-    return (alg.get("sampling", "children") == "devices" or devices > 0 or nodes > 0 or run_clock(cfg) is not None
+    devices, nodes = dropout_fractions(cfg["runtime"])
+    return (alg["sampling"] == "devices" or devices > 0 or nodes > 0 or run_clock(cfg) is not None
             or any(level_fraction(alg, level) < 1 for level in range(depth)))
 
 
 def level_candidates(alg: Mapping, level: int) -> float:
     """The share of its children a node at ``level`` draws as candidates for a loss-aware choice
     (``algorithm.candidates``, power-of-choice: hfl.node.cohort); 0: none."""
-    candidates = alg.get("candidates", 0) or 0
+    candidates = alg["candidates"]
     return float(candidates[level] if isinstance(candidates, list | tuple) else candidates)
 
 
@@ -229,7 +229,7 @@ def eval_fraction(cfg: Mapping, level: int, depth: int) -> float:
     """The fraction of its children a node at ``level`` asks to evaluate (top-level ``eval_fraction``):
     a list gives every level's, root first; one number is the lowest servers' (the fraction of the
     devices tested, whatever the depth), every node above asking all its children."""
-    fraction = cfg.get("eval_fraction", 1.0)
+    fraction = cfg["eval_fraction"]
     if isinstance(fraction, list | tuple):
         return float(fraction[level])
     return float(fraction) if level == depth - 1 else 1.0
@@ -237,7 +237,7 @@ def eval_fraction(cfg: Mapping, level: int, depth: int) -> float:
 
 def evaluation_sampled(cfg: Mapping) -> bool:
     """Whether some level evaluates a sample of its children."""
-    fraction = cfg.get("eval_fraction", 1.0)
+    fraction = cfg["eval_fraction"]
     return any(float(f) < 1 for f in (fraction if isinstance(fraction, list | tuple) else [fraction]))
 
 
@@ -245,7 +245,7 @@ def check_tree(cfg: Mapping, tree: Tree) -> None:
     """Refuse a tree the algorithm is not defined on, and per-level lists of the wrong length."""
     alg = cfg["algorithm"]
     if tree.depth != 2 and not load_server(alg).any_depth:
-        key = "topology.fanout" if cfg["topology"].get("formation") == "tree" else "topology.formation"
+        key = "topology.fanout" if cfg["topology"]["formation"] == "tree" else "topology.formation"
         raise ConfigError(key, f"algorithm {alg['name']!r} is defined for three tiers (a tree of depth 2: root, "
                                f"servers, devices); this tree has depth {tree.depth}")
     for key, length in (("level_rounds", tree.depth - 1), ("sample_fraction", tree.depth), ("candidates", tree.depth)):
@@ -254,14 +254,14 @@ def check_tree(cfg: Mapping, tree: Tree) -> None:
             raise ConfigError(f"algorithm.{key}", f"has {len(value)} entries; this tree of depth {tree.depth} "
                                                   f"needs {length} ({'levels 1..' if key == 'level_rounds' else 'levels 0..'}"
                                                   f"{tree.depth - 1})")
-    fraction = cfg.get("eval_fraction", 1.0)
+    fraction = cfg["eval_fraction"]
     if isinstance(fraction, list | tuple) and len(fraction) != tree.depth:
         raise ConfigError("eval_fraction", f"has {len(fraction)} entries; this tree of depth {tree.depth} needs "
                                            f"{tree.depth} (levels 0..{tree.depth - 1})")
     load_server(alg).check_federation(cfg, federation_for(cfg))  # e.g. proxy sizes, a validation split
     check_clock(cfg, tree.depth, load_server(alg), federation_for(cfg))  # simulated time (hfl.clock)
     check_trace(cfg, tree)
-    if alg.get("local_labels", False) and float(cfg["dataset"].get("proxy_fraction", 0.0)) > 0:
+    if alg["local_labels"] and float(cfg["dataset"]["proxy_fraction"]) > 0:
         raise ConfigError("algorithm.local_labels", "servers' proxy data keeps the dataset's labels; local labels "
                                                     "and dataset.proxy_fraction > 0 do not mix")
     model_classes(cfg, federation_for(cfg), load_server(alg).personal_heads)  # refuses local labels without a common K
@@ -276,7 +276,7 @@ def check_candidates(cfg: Mapping, depth: int) -> None:
         candidates, fraction = level_candidates(alg, level), level_fraction(alg, level)
         if not candidates:
             continue
-        key = "algorithm.candidates" + (f"[{level}]" if isinstance(alg.get("candidates"), list | tuple) else "")
+        key = "algorithm.candidates" + (f"[{level}]" if isinstance(alg["candidates"], list | tuple) else "")
         if fraction >= 1:
             raise ConfigError(key, f"level {level} asks every child (algorithm.sample_fraction is 1 there): "
                                    "candidates to choose from have no effect; give it a sample_fraction below 1, "
@@ -284,7 +284,7 @@ def check_candidates(cfg: Mapping, depth: int) -> None:
         if candidates < fraction:
             raise ConfigError(key, f"{candidates:g} at level {level} is below its algorithm.sample_fraction "
                                    f"({fraction:g}): the children a round asks are chosen among the candidates")
-        if (cfg.get("clock") or {}).get("enabled", False):
+        if cfg["clock"]["enabled"]:
             raise ConfigError(key, "a loss-aware choice of children and the simulated clock (clock.enabled, "
                                    "which asks the idle children) do not mix")
 
@@ -292,8 +292,8 @@ def check_candidates(cfg: Mapping, depth: int) -> None:
 def check_trace(cfg: Mapping, tree: Tree) -> None:
     """``clock.trace``'s rows name devices of this federation: a row for a device that does not
     exist (a trace made for another federation) would be ignored, every device keeping its drawn speed."""
-    clock = cfg.get("clock") or {}
-    if not clock.get("enabled", False) or not clock.get("trace"):
+    clock = cfg["clock"]
+    if not clock["enabled"] or not clock["trace"]:
         return
     devices = set(tree.devices_under(""))
     foreign = sorted(set(read_trace(clock["trace"])) - devices)
@@ -313,7 +313,7 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
     if tree.is_lowest(path):
         client_module = load_module(alg, "client")
         trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed, load_server(cfg["algorithm"]).personal_heads)))
-        local = bool(alg.get("local_labels", False))
+        local = bool(alg["local_labels"])
 
         shift, now = run_shift(cfg), [0.0]  # the simulated time the node's message is at (hfl.clock.shift)
 
@@ -333,7 +333,7 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
         by_cid = ChildProxies(clients.cids, lambda cid: InProcessClientProxy(cid, lambda: clients[cid].to_client()))
         proxies: list | SimpleClientManager = LazyClientManager(by_cid)
         if uses_batched(cfg, trainer):
-            device = resolve_device(cfg["runtime"].get("device"))
+            device = resolve_device(cfg["runtime"]["device"])
             fit_many = BatchedFit(clients, by_cid, device)
             # Clients that test the plain way (model_to_test on their test split) are tested together.
             evaluate_many = BatchedEvaluate(PlainClients(clients), by_cid, device)
@@ -372,10 +372,10 @@ def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | Simp
 
     clock = run_clock(cfg)
     spec = NodeSpec(path, level_rounds(alg, level, tree.depth), level_selection(cfg, level, tree.is_lowest(path)),
-                    int(cfg["seed"]), tree.is_lowest(path), device_sampling=alg.get("sampling", "children") == "devices",
+                    int(cfg["seed"]), tree.is_lowest(path), device_sampling=alg["sampling"] == "devices",
                     partial=partial_participation(cfg, tree.depth),
                     eval_fraction=eval_fraction(cfg, level, tree.depth),
-                    clock=clock, policy=LevelPolicy.for_level(cfg.get("clock", {}), level),
+                    clock=clock, policy=LevelPolicy.for_level(cfg["clock"], level),
                     min_fit_fraction=float(alg["min_fit_fraction"]))
     children = proxies if isinstance(proxies, SimpleClientManager) else client_manager_of(proxies)
     # What the algorithm is: its rule's class (hfl.algorithm)
@@ -389,7 +389,7 @@ def device_steps(cfg: Mapping, fed: Federation) -> Callable[[int], int]:
     """A device's minibatch steps per call (its work in simulated time, hfl.clock):
     ``local_epochs`` epochs of its training data where the algorithm sets them, else ``local_steps``."""
     alg = cfg["algorithm"]
-    epochs, steps, batch = int(alg.get("local_epochs", 0) or 0), int(alg["local_steps"]), int(cfg["dataset"]["batch_size"])
+    epochs, steps, batch = int(alg["local_epochs"] or 0), int(alg["local_steps"]), int(cfg["dataset"]["batch_size"])
     if not epochs:
         return lambda device_id: steps
     return lambda device_id: epochs * -(-len(fed.devices[device_id].y_train) // batch)

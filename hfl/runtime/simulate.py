@@ -138,7 +138,7 @@ def run_simulation(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None,
 
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     runtime = cfg["runtime"]
-    verbose = bool(runtime.get("verbose", False))
+    verbose = bool(runtime["verbose"])
     init_args = ray_init_args(runtime)
     # Ray's lines always reach the log file; runtime.verbose lets the console show them too
     # (hfl.output.console), and Flower's DEBUG lines, which the log file always has.
@@ -159,7 +159,7 @@ def cluster_state_warning(runtime: Mapping, state: Path) -> str | None:
     that path on their own filesystems, so unless it is shared their devices would silently
     start from scratch whenever Flower hands a level-1 node to an actor elsewhere."""
     address = str(runtime.get("ray_address") or "local").strip()
-    if runtime.get("name") != "simulation" or address == "local" or runtime.get("state_dir"):
+    if runtime["name"] != "simulation" or address == "local" or runtime["state_dir"]:
         return None
     return (f"runtime.ray_address={runtime['ray_address']} joins an existing Ray cluster, and runtime.state_dir is "
             f"null: nodes and devices keep their state in {state}, so the run directory must be on a filesystem "
@@ -201,7 +201,7 @@ def _run_locked(cfg: dict, run_dir: Path, fed, tracker, tracked: dict,  # noqa: 
         log.info("hfl: the run in %s is complete (%d of %d global rounds); nothing to resume",
                  console.shown_path(run_dir), start.round, rounds, extra={console.SHOW: "run"})
         return finished_summary(cfg, run_dir, start, tracker, tracked)
-    if cfg.get("resume", False):
+    if cfg["resume"]:
         log.info("hfl: resuming the run in %s after global round %d of %d", console.shown_path(run_dir),
                  start.round if start is not None else 0, rounds, extra={console.SHOW: "run"})
     # <run dir>/state or the run's folder under runtime.state_dir; absolute, as Ray workers have cwds of their own
@@ -310,7 +310,7 @@ def finished_summary(cfg: Mapping, run_dir: Path, done: Checkpoint, tracker: tra
 def console_mode(cfg: DictConfig) -> str:
     """verbose (runtime.verbose=true: everything, as Flower and Ray print it), multirun
     (Hydra -m: one line per job) or run (a line per evaluated round, a bar, a table)."""
-    if cfg.runtime.get("verbose", False):
+    if cfg.runtime.verbose:
         return "verbose"
     return "multirun" if HydraConfig.get().mode == RunMode.MULTIRUN else "run"
 

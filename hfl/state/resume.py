@@ -62,12 +62,16 @@ STATE_KEY = Path("checkpoints") / "state_key"
 # Keys that say how a run runs, not what it computes: they may differ when it is resumed.
 FREE_KEYS = ("resume", "overwrite", "hydra", "runtime.verbose", "runtime.torch_threads", "runtime.ray_tmp_dir",
              "runtime.ray_address", "runtime.num_cpus_per_team", "runtime.state_dir", "runtime.num_gpus_per_team",
-             "runtime.poll_interval", "runtime.batched_threads",  # groups share nothing (tests/test_batched.py)
+             "runtime.poll_interval", "runtime.team_wait_seconds",
+             "runtime.batched_threads",  # groups share nothing (tests/test_batched.py)
              "dataset.lazy", "dataset.cache_mb")  # lazy devices are bit-identical to eager ones (tests/test_scale.py)
 # Keys added after runs began recording their config, with the value such a run had in effect:
 # a run recorded without one resumes with that value.
 ADDED_KEYS = {"runtime.dropout": 0.0, "runtime.dropout_nodes": 0.0, "runtime.batch_siblings": False,
-              "eval_fraction": 1.0}
+              "eval_fraction": 1.0,
+              # the keys every algorithm has (hfl.config.schema.AlgorithmConfig), recorded since they are declared
+              "algorithm.sampling": "children", "algorithm.sample_fraction": 1.0, "algorithm.candidates": 0,
+              "algorithm.level_rounds": None, "algorithm.local_labels": False, "algorithm.local_epochs": None}
 
 
 @dataclass
@@ -202,7 +206,7 @@ def state_dir(cfg: Mapping, run_dir: str | os.PathLike) -> Path:
     Call it after ``prepare``. A resumption whose state_dir disagrees with where the run kept its
     state is refused, naming ``runtime.state_dir``."""
     run_dir = Path(run_dir)
-    base = cfg.get("runtime", {}).get("state_dir")
+    base = cfg["runtime"]["state_dir"]
     key_file = run_dir / STATE_KEY
     key = key_file.read_text().strip() if key_file.exists() else None
     if base and key:
@@ -221,7 +225,7 @@ def _new_state_key(cfg: Mapping, run_dir: Path) -> None:
     """A fresh run: with a runtime.state_dir, a folder of its own there (kept when the run
     directory already had one, so rerunning in it reuses, and clears, that folder)."""
     key_file = run_dir / STATE_KEY
-    if not cfg.get("runtime", {}).get("state_dir"):
+    if not cfg["runtime"]["state_dir"]:
         key_file.unlink(missing_ok=True)
     elif not key_file.exists():
         key_file.parent.mkdir(parents=True, exist_ok=True)
@@ -296,9 +300,9 @@ def prepare(cfg: Mapping, run_dir: str | os.PathLike) -> Checkpoint | None:
     the store back to its round (``_resumable``). Returns the checkpoint to go on from; None to
     start at round 1 (a fresh run, or a run killed before it completed a round)."""
     run_dir = Path(run_dir)
-    if not cfg.get("resume", False):
+    if not cfg["resume"]:
         held = held_run(run_dir)
-        if held and not cfg.get("overwrite", False):
+        if held and not cfg["overwrite"]:
             try:
                 done = read_checkpoint(run_dir)
                 rounds = f"{done.round} of {cfg.get('global_rounds')} global rounds done" if done else "no round done"
