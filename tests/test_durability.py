@@ -273,7 +273,7 @@ def test_a_fresh_run_drops_both_checkpoints_of_the_run_it_overwrites(tmp_path):
     for rnd in (1, 2):
         write_checkpoint(tmp_path, Checkpoint(rnd, {}))
     (tmp_path / resume.CONFIG).write_text("{}")
-    assert resume.prepare({"overwrite": True, "runtime": {}}, tmp_path) is None
+    assert resume.prepare({"resume": False, "overwrite": True, "runtime": {"state_dir": None}}, tmp_path) is None
     assert not (tmp_path / CHECKPOINT).exists() and not (tmp_path / PREVIOUS_CHECKPOINT).exists()
 
 

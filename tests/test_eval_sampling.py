@@ -54,7 +54,6 @@ def test_sample_size_is_the_ceiling_and_the_draw_is_seeded_by_node_and_round():
 def test_a_number_is_the_lowest_servers_fraction_a_list_is_per_level():
     assert [eval_fraction({"eval_fraction": 0.1}, level, 3) for level in range(3)] == [1.0, 1.0, 0.1]
     assert [eval_fraction({"eval_fraction": [0.5, 1, 0.25]}, level, 3) for level in range(3)] == [0.5, 1.0, 0.25]
-    assert eval_fraction({}, 1, 2) == 1.0
 
 
 # ---------------------------------------------------------------- the interval
