@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
@@ -56,6 +57,28 @@ def test_the_default_is_none_and_every_option_extends_its_schema():
         file.pop("defaults")
         assert OmegaConf.to_container(node) == file
     assert sorted(p.stem for p in (CONF_DIR / "logger").glob("*.yaml")) == sorted(tracking.LOGGERS)
+
+
+def test_tensorboard_tags_group_each_figure_by_level_once():
+    assert {key: tracking.tensorboard_tag(key) for key in (
+        "pm_accuracy", "gm_loss", "level2_accuracy_min", "pm_client_mean_accuracy", "gm_client_mean_accuracy_ci_low",
+        "level1_eval_devices", "fit_test_accuracy", "bytes_down_level0", "failures_level2", "late_level1", "seconds",
+        "failures", "evaluation_failures", "sim_time", "per.a")} == {
+        "pm_accuracy": "accuracy/pm", "gm_loss": "loss/gm", "level2_accuracy_min": "accuracy_min/level2",
+        "pm_client_mean_accuracy": "client_mean_accuracy/pm",
+        "gm_client_mean_accuracy_ci_low": "client_mean_accuracy_ci_low/gm", "level1_eval_devices": "eval_devices/level1",
+        "fit_test_accuracy": "accuracy/fit_test", "bytes_down_level0": "bytes_down/level0",
+        "failures_level2": "failures/level2", "late_level1": "late/level1", "seconds": "time/seconds",
+        "failures": "failures/all", "evaluation_failures": "failures/evaluation", "sim_time": "time/sim_time",
+        "per.a": "other/per.a"}
+    row = {"round": 1, "level1_accuracy": 0.5, "team_accuracy": 0.5, "pm_client_mean_accuracy": 0.7,
+           "client_mean_accuracy": 0.7, "bytes_up_global": 3, "bytes_up_level0": 3, "bytes_up_team": 9,
+           "bytes_up_level1": 4, "bytes_up_level2": 5, "team_loss": None}
+    assert tracking.tensorboard_scalars(row) == {"accuracy/level1": 0.5, "client_mean_accuracy/pm": 0.7,
+                                                 "bytes_up/level0": 3, "bytes_up/level1": 4, "bytes_up/level2": 5}
+    # a key whose twin the row lacks is kept
+    assert tracking.tensorboard_scalars({"round": 1, "team_accuracy": 0.5, "bytes_up_team": 2}) == {
+        "accuracy/team": 0.5, "other/bytes_up_team": 2}
 
 
 def test_numeric_fields_and_params_flatten():
@@ -131,21 +154,44 @@ def scalars(events, tag: str) -> list[tuple[int, float]]:  # noqa: ANN001
     return [(e.step, tensor_util.make_ndarray(e.tensor_proto).item()) for e in events.Tensors(tag)]
 
 
+def as_float32(value: float) -> float:
+    """What a TensorBoard scalar holds of a metrics.jsonl value (hfl writes 32-bit scalars)."""
+    return float(np.float32(value))
+
+
+def expected_scalars(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """TensorBoard tag -> [(round, value as float32)] of these metrics.jsonl rows."""
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for row in rows:
+        for tag, value in tracking.tensorboard_scalars(row).items():
+            expected.setdefault(tag, []).append((row["round"], as_float32(value)))
+    return expected
+
+
 def test_tensorboard_holds_every_number_of_every_row_at_its_round(tmp_path):
     pytest.importorskip("tensorboard")
     run(compose_cfg(*TINY, "logger=tensorboard"), tmp_path)
     rows = metrics_rows(tmp_path)
     assert [row["round"] for row in rows] == [1, 2]
     events = read_events(tmp_path / "tensorboard")
-    expected: dict[str, list[tuple[int, float]]] = {}
+    expected = expected_scalars(rows)
+    assert len(expected) > 25 and {"accuracy/pm", "loss/gm", "accuracy/level1", "bytes_up/level0", "failures/all",
+                                   "time/seconds"} <= set(expected)
+    # Every number of a row is a tag's, or repeats one that is (the same value: nothing is lost).
     for row in rows:
-        for key, value in row.items():
-            if key != "round" and isinstance(value, int | float) and not isinstance(value, bool):
-                expected.setdefault(key, []).append((row["round"], value))
-    assert len(expected) > 30 and {"pm_accuracy", "gm_loss", "bytes_up_global", "failures", "seconds"} <= set(expected)
-    for key, points in expected.items():
-        assert scalars(events, key) == points, key  # double precision: the very values
+        numbers = tracking.numeric_fields(row)
+        for key, value in numbers.items():
+            if not tracking.repeats(key, numbers):
+                continue
+            twin = {"client_mean_accuracy": "pm_client_mean_accuracy"}.get(key) or key.replace("team_", "level1_")
+            twin = twin.replace("_global", "_level0").replace("bytes_down_team", "bytes_down_level1") \
+                .replace("bytes_up_team", "bytes_up_level1")  # a 2-level tree: the team's edges are level 1's
+            assert value == numbers[twin], key
+    assert not [tag for tag in expected if "team" in tag or "global" in tag]
+    for tag, points in expected.items():
+        assert scalars(events, tag) == points, tag
     tags = events.Tags()
+    assert sorted(tags["tensors"]) == sorted([*expected, "config/text_summary", "report/text_summary"])
     assert {"config/text_summary", "report/text_summary"} <= set(tags["tensors"])
     config = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
     assert yaml.safe_load(config.strip("`").removeprefix("yaml\n"))["logger"] == {"name": "tensorboard", "log_dir": None}
@@ -180,7 +226,7 @@ def test_a_tracker_failing_mid_run_warns_once_and_leaves_the_run_alone(tmp_path,
     assert "disk full" in warnings[0]
     assert calls == [1, 2]  # dropped after its failure
     assert summary["rounds"] == 4 and [row["round"] for row in metrics_rows(tmp_path / "tracked")] == [1, 2, 3, 4]
-    assert scalars(read_events(tmp_path / "tracked" / "tensorboard"), "pm_accuracy")[0][0] == 1
+    assert scalars(read_events(tmp_path / "tracked" / "tensorboard"), "accuracy/pm")[0][0] == 1
     # the same rows as a run without any logger (but for the wall clock)
     run(compose_cfg(*TINY, "global_rounds=4"), tmp_path / "plain")
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]  # noqa: E731
@@ -194,19 +240,18 @@ def test_a_resumed_run_goes_on_in_the_same_tensorboard_folder_each_round_once(tm
         _killed_at(patch, "checkpoint", 2)
         with pytest.raises(Killed):
             run(cfg, tmp_path)
-    assert [step for step, _ in scalars(read_events(tmp_path / "tensorboard"), "pm_accuracy")] == [1, 2]
+    assert [step for step, _ in scalars(read_events(tmp_path / "tensorboard"), "accuracy/pm")] == [1, 2]
     run({**cfg, "resume": True}, tmp_path)
     events = read_events(tmp_path / "tensorboard")
-    rows = metrics_rows(tmp_path)
-    for key in {key for row in rows for key in tracking.numeric_fields(row)}:
-        got, want = scalars(events, key), [(row["round"], row[key]) for row in rows]
-        assert [step for step, _ in got] == [1, 2, 3], key  # each round once
-        if key in TIMING:  # round 2 ran twice: its first seconds stay
+    for tag, want in expected_scalars(metrics_rows(tmp_path)).items():
+        got = scalars(events, tag)
+        assert [step for step, _ in got] == [1, 2, 3], tag  # each round once
+        if tag.startswith("time/"):  # round 2 ran twice: its first seconds stay
             got, want = [got[0], got[2]], [want[0], want[2]]
-        assert got == want, key
+        assert got == want, tag
     assert len(events.Tensors("config/text_summary")) == 1 and len(events.Images("loss")) == 1
     run({**cfg, "overwrite": True}, tmp_path)  # a new run in the same directory starts afresh, as metrics.jsonl does
-    assert [step for step, _ in scalars(read_events(tmp_path / "tensorboard"), "seconds")] == [1, 2, 3]
+    assert [step for step, _ in scalars(read_events(tmp_path / "tensorboard"), "time/seconds")] == [1, 2, 3]
 
 
 # ---------------------------------------------------------------- MLflow

@@ -2,9 +2,10 @@
 ``tensorboard`` or ``mlflow``.
 
 A tracker run per hfl run (per Hydra job under ``-m``) gets the run's config (flattened, as
-parameters), every numeric field of every metrics.jsonl row at step = its global round, and at
-the end the run's accuracy.png, loss.png and report.md. The backends import their libraries
-only when chosen: ``logger=none`` needs neither.
+parameters), every numeric field of every metrics.jsonl row at step = its global round (MLflow:
+named as in metrics.jsonl; TensorBoard: grouped as ``<stat>/<level>``, each figure once, see
+``tensorboard_tag``), and at the end the run's accuracy.png, loss.png and report.md. The backends
+import their libraries only when chosen: ``logger=none`` needs neither.
 
 Before training (``hfl.runtime.simulate.run``): ``open_tracker`` imports the backend's library
 and opens its store, ``begin`` starts the tracker run; either failure stops the run with a
@@ -29,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -184,25 +186,85 @@ def guarded(tracker: Any) -> Guarded | None:
 
 
 # ------------------------------------------------------------------------- TensorBoard
-def last_step(paths: Sequence[Path], tag: str) -> int:
-    """The last step of ``tag`` in these event files (0: none); a record cut short by a killed
-    run ends its file."""
+# A metrics.jsonl key <level>_<stat> (pm_accuracy, level1_loss_..., gm_accuracy_min) is the tag <stat>/<level>:
+# TensorBoard groups tags by what precedes the "/", so each chart group compares the levels of one figure.
+# Longest first: pm_client_mean_accuracy is client_mean_accuracy/pm, not accuracy/pm_client_mean.
+EVAL_STATS = ("client_mean_accuracy_ci_low", "client_mean_accuracy_ci_high", "client_mean_accuracy",
+              "accuracy_ci_low", "accuracy_ci_high", "accuracy_min", "accuracy_median", "accuracy_max",
+              "eval_devices", "eval_samples", "accuracy", "loss")
+PER_EDGE_LEVEL = re.compile(r"(bytes_down|bytes_up|failures|late|stale|merged_rounds|empty_rounds)_level([0-9]+)")
+OWN_TAGS = {"seconds": "time/seconds", "compute_seconds": "time/compute_seconds", "sim_time": "time/sim_time",
+            "failures": "failures/all", "evaluation_failures": "failures/evaluation"}
+
+
+def repeats(key: str, present: Mapping[str, Any]) -> bool:
+    """Whether metrics.jsonl's ``key`` repeats what other keys of the same row (``present``) say:
+    ``team_*`` is ``level1_*`` (hfl.node.evaluation.pool_evaluations), ``client_mean_accuracy`` is
+    ``pm_client_mean_accuracy``, ``bytes_*_global`` is ``bytes_*_level0`` and ``bytes_*_team`` the sum
+    of ``bytes_*_level{d}``, d >= 1 (hfl.output.recorder.traffic). metrics.jsonl keeps them all (its
+    readers use either name); a tracker's charts show each figure once."""
+    if key.startswith("team_"):
+        return "level1_" + key[len("team_"):] in present
+    if key == "client_mean_accuracy":
+        return "pm_client_mean_accuracy" in present
+    for direction in ("bytes_down", "bytes_up"):
+        if key == f"{direction}_global":
+            return f"{direction}_level0" in present
+        if key == f"{direction}_team":
+            return any(PER_EDGE_LEVEL.fullmatch(k) and k.startswith(direction + "_") and not k.endswith("_level0")
+                       for k in present)
+    return False
+
+
+def tensorboard_tag(key: str) -> str:
+    """The TensorBoard tag of metrics.jsonl's ``key``: ``<stat>/<level>`` for a model level's figure
+    (``accuracy/pm``, ``loss/level1``, ``client_mean_accuracy/gm``), ``<counter>/level<d>`` for a
+    per-edge-level counter (``bytes_down/level0``), ``time/*`` and ``failures/*`` for the round's own
+    (``time/seconds``, ``failures/all``), ``other/<key>`` for anything else."""
+    if key in OWN_TAGS:
+        return OWN_TAGS[key]
+    edge = PER_EDGE_LEVEL.fullmatch(key)
+    if edge:
+        return f"{edge.group(1)}/level{edge.group(2)}"
+    for stat in EVAL_STATS:
+        level = key[:-len(stat) - 1]
+        if key.endswith("_" + stat) and level:
+            return f"{stat}/{level}"
+    return f"other/{key}"
+
+
+def tensorboard_scalars(row: Mapping) -> dict[str, float]:
+    """A metrics.jsonl row's numbers by TensorBoard tag, each figure once (``repeats``)."""
+    numbers = numeric_fields(row)
+    return {tensorboard_tag(key): value for key, value in numbers.items() if not repeats(key, numbers)}
+
+
+def last_step(paths: Sequence[Path], tags: Sequence[str]) -> int:
+    """The last step of any of ``tags`` in these event files (0: none); a record cut short by a
+    killed run ends its file."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
     steps = [event.step for path in paths for event in EventFileLoader(str(path)).Load()
-             if any(value.tag == tag for value in event.summary.value)]
+             if any(value.tag in tags for value in event.summary.value)]
     return max(steps, default=0)
 
 
 # The HParams dashboard lists these beside the config (the scalars of the same run).
-HPARAM_METRICS = ("pm_accuracy", "gm_accuracy", "pm_loss", "gm_loss")
+HPARAM_METRICS = ("accuracy/pm", "accuracy/gm", "loss/pm", "loss/gm")
+# The round's seconds, by which a resumed run finds the last round its folder has ("seconds": before
+# tags were grouped).
+SECONDS_TAGS = ("time/seconds", "seconds")
 
 
 class TensorBoardTracker:
     """Event files in ``logger.log_dir`` (null: ``<run dir>/tensorboard``; else
-    ``<log_dir>/<run_label>``): every numeric field as a scalar (double precision, named as in
-    metrics.jsonl) at step = global round, the config as text (``config``) and hparams, and
-    at the end the plots as images and report.md as text."""
+    ``<log_dir>/<run_label>``): every numeric field as a scalar at step = global round, tagged by
+    ``tensorboard_tag`` and each figure once (``repeats``), the config as text (``config``) and
+    hparams, and at the end the plots as images and report.md as text.
+
+    Scalars are 32-bit floats: TensorBoard's default loader (the Rust data server, ``--load_fast``)
+    drops double-precision scalar tensors without a word ("No scalar data was found"). A float32
+    keeps 7 significant digits (integers exactly up to 2**24); metrics.jsonl has the exact values."""
 
     name = "tensorboard"
     key = "logger.log_dir"
@@ -212,7 +274,7 @@ class TensorBoardTracker:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
             raise ConfigError("logger.name", "logger=tensorboard needs the tensorboard package "
-                                             f"(pip install tensorboard): {_one_line(exc)}") from exc
+                                             f"(pip install -e '.[track]', or pip install tensorboard): {_one_line(exc)}") from exc
         self._writer_class = SummaryWriter
         base = logger.get("log_dir")
         if base is not None and (not isinstance(base, str) or not base.strip()):
@@ -239,7 +301,7 @@ class TensorBoardTracker:
             existing = []
         # A resumed run appends to the folder: the rows its events lack (a round the killed run logged
         # after its last checkpoint runs again, and is logged once: the first time).
-        self.logged = last_step(existing, "seconds")
+        self.logged = last_step(existing, SECONDS_TAGS)
         self.writer = self._writer_class(str(self.log_dir))
         if not existing:
             text = yaml.safe_dump(json.loads(json.dumps(cfg)), sort_keys=False)
@@ -257,8 +319,8 @@ class TensorBoardTracker:
         if step <= self.logged:
             return
         self.step = step
-        for key, value in numeric_fields(row).items():
-            self.writer.add_scalar(key, value, step, new_style=True, double_precision=True)
+        for tag, value in tensorboard_scalars(row).items():
+            self.writer.add_scalar(tag, value, step, new_style=True)  # float32: see the class's note
 
     def log_round(self, row: Mapping) -> None:
         self._scalars(row)
@@ -339,7 +401,7 @@ class MlflowTracker:
             import mlflow
             from mlflow.tracking import MlflowClient
         except ImportError as exc:
-            raise ConfigError("logger.name", "logger=mlflow needs MLflow: pip install mlflow-skinny (or mlflow): "
+            raise ConfigError("logger.name", "logger=mlflow needs MLflow: pip install -e '.[track]' (or pip install mlflow): "
                                              f"{_one_line(exc)}") from exc
         for key in ("tracking_uri", "run_name", "artifact_location"):
             value = logger.get(key)
