@@ -256,7 +256,9 @@ def make_partitioner(cfg: Mapping, pool: Pool, num_devices: int | None, seed: in
         partitioner = cls(**kwargs)
     except (TypeError, ValueError) as exc:
         raise ConfigError("dataset.partitioner.kwargs", f"{name}({kwargs}) refused: {_one_line(exc)}") from exc
-    partitioner.dataset = pool.dataset
+    # Arrow format: a partitioner reading a whole column (np.array(dataset[column])) gets it at once;
+    # in the default format datasets 4 hands it row by row (16 s for a million rows, 1 s this way).
+    partitioner.dataset = pool.dataset.with_format("arrow")
     return partitioner
 
 
@@ -275,10 +277,21 @@ def partition_rows(partitioner: Any, name: str, wanted: int | None, rows: int) -
         raise ConfigError("dataset.partitioner", f"{name} makes {count} partitions but the topology has {wanted} "
                                                  "devices; give it as many or change the topology")
     try:
-        return [np.asarray(partitioner.load_partition(i).with_format("numpy")[ROW][:], dtype=np.int64)
-                for i in range(count)]
+        first = _rows_of(partitioner, 0)
+        # Most partitioners keep every partition's indices once one is loaded: read them at once
+        # (a partition loaded through the API costs ~2 ms: 1,000 devices took 2.7 s to start, 5,000
+        # 11 s). Their indices are rows of the pool (ROW is 0..n-1); partition 0 vouches for them.
+        known = getattr(partitioner, "_partition_id_to_indices", None)
+        if isinstance(known, Mapping) and len(known) == count and np.array_equal(np.asarray(known[0]), first):
+            return [first] + [np.asarray(known[i], dtype=np.int64) for i in range(1, count)]
+        return [first] + [_rows_of(partitioner, i) for i in range(1, count)]
     except (ValueError, KeyError, IndexError, AssertionError) as exc:
         raise _refused(name, wanted, rows, exc) from exc
+
+
+def _rows_of(partitioner: Any, i: int) -> np.ndarray:
+    """Partition i's pool rows, through the partitioner's public API."""
+    return np.asarray(partitioner.load_partition(i).with_format("numpy")[ROW][:], dtype=np.int64)
 
 
 @dataclass
