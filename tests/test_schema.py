@@ -157,8 +157,10 @@ def test_cli_prints_one_line_naming_the_key(tmp_path, override, line):
 def test_cli_help_lists_the_groups_and_cfg_job_prints_the_composed_config():
     help_text = subprocess.run([sys.executable, "-m", "hfl.runtime.simulate", "--help"], capture_output=True, text=True,
                                timeout=120, cwd=ROOT, check=True).stdout
-    assert "algorithm: al2gd, bhfl," in help_text and "topology: by_label_average," in help_text
-    assert "== Config ==" in help_text and "global_rounds: 30" in help_text
+    # hfl's page (conf/hydra/help/hfl.yaml; tests/test_cli_help.py): the groups users pick, none of schema/*;
+    # the composed config is --cfg job's (below).
+    assert "  algorithm   permfl* al2gd bhfl " in help_text and "  topology    random* by_label_average " in help_text
+    assert "schema" not in help_text and "hfl-simulate --cfg job" in help_text
     job = subprocess.run([sys.executable, "-m", "hfl.runtime.simulate", "algorithm=bhfl", "topology=tree", "--cfg", "job"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT, check=True).stdout
     assert yaml.safe_load(job) == compose_cfg("algorithm=bhfl", "topology=tree")

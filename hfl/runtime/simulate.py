@@ -21,7 +21,7 @@ from hfl.accel import batched
 
 from hfl.output import console, run_report, tracking
 from hfl.process import interrupts
-from hfl.runtime import sweep
+from hfl.runtime import cli, sweep
 
 from hfl.config import schema
 from hfl.config.compose import CONF_DIR
@@ -403,6 +403,7 @@ def main() -> None:
 def _main() -> None:
     global _full_error_is_ours
     schema.register()
+    cli.register_resolvers()  # conf/hydra/help/hfl.yaml's (python -m hfl.runtime.simulate --help; --cfg hydra)
     logging.raiseExceptions = False  # a log file on a full disk: no '--- Logging error ---' traceback per record
     if os.environ.get(FULL_ERROR):
         task()
