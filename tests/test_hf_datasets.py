@@ -181,6 +181,28 @@ def test_parquet_files_and_string_labels_load(tmp_path, digits, monkeypatch):
     np.testing.assert_array_equal(got[np.lexsort(got.T)], want[np.lexsort(want.T)])  # the same rows, unscaled
 
 
+def test_a_folder_of_images_loads_in_the_mode_asked(tmp_path, digits, monkeypatch):
+    from PIL import Image
+
+    x, y, _ = digits
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    for i in range(40):  # RGB files in one folder per class (imagefolder's layout)
+        (tmp_path / "images" / f"c{y[i]}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(x[i]).convert("RGB").save(tmp_path / "images" / f"c{y[i]}" / f"{i}.png")
+    shapes = {}
+    for mode in ("null", "L"):
+        cfg = compose_cfg("dataset=huggingface", f"dataset.path={tmp_path / 'images'}", f"dataset.image_mode={mode}",
+                          "dataset.partitioner.name=IidPartitioner", "topology=sequential", "topology.num_teams=2",
+                          "topology.devices_per_team=2")
+        fed = federation(cfg)
+        shapes[mode] = fed.input_shape
+        assert fed.num_classes == len(set(y[:40].tolist()))  # one class per folder
+        assert sum(sum(device_sizes(fed, d)) for d in range(4)) == 40
+    assert shapes == {"null": (3, 28, 28), "L": (1, 28, 28)}
+    grey = fed.devices[0].x_train.numpy()
+    assert grey.min() >= -1.0 and grey.max() <= 1.0 and grey.max() > 0.5  # (x/255 - 0.5)/0.5
+
+
 # ---------------------------------------------------------------- refusals, one line naming the key
 @pytest.mark.parametrize(("overrides", "key", "words"), [
     (["dataset.columns.label=digit"], "dataset.columns.label", "no column 'digit'"),
