@@ -223,6 +223,9 @@ def test_a_folder_of_images_loads_in_the_mode_asked(tmp_path, digits, monkeypatc
       "dataset.columns.group=group", "topology.num_teams=3", "topology.devices_per_team=null"],
      "dataset.columns.group", "a device must be in one group"),
     (["dataset.partition=natural"], "dataset.partition", "NaturalIdPartitioner"),
+    (["dataset.partition=iid", "dataset.columns.group=group"], "dataset.columns.group", "partition=flower"),
+    (["dataset.partitioner.name=IidPartitioner", "dataset.columns.group=group"], "dataset.columns.group",
+     "not IidPartitioner"),
     (["dataset.splits=[train]"], "dataset.splits", "no splits"),
 ])
 def test_bad_settings_are_refused_in_one_line_naming_the_key(saved, overrides, key, words):

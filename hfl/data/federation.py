@@ -355,6 +355,9 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
     if partition == "natural" and name not in GENERATED:
         hint = "; natural ids as devices: partition=flower with partitioner.name=NaturalIdPartitioner" if hf else ""
         raise ConfigError("dataset.partition", f"'natural' exists only for synthetic data, not {name}{hint}")
+    if hf and partition != FLOWER and huggingface.column(dataset_cfg, "group"):
+        raise ConfigError("dataset.columns.group", f"makes level-1 nodes of natural ids: it needs partition=flower "
+                                                   f"with NaturalIdPartitioner, not partition={partition}")
     pool = huggingface.load_pool(dataset_cfg) if hf else None
     split = None
     if pool is not None and partition == FLOWER:  # the partitioner may make the devices (natural ids) and teams

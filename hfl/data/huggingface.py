@@ -185,7 +185,7 @@ def load_pool(cfg: Mapping) -> Pool:
     if (image is None) == (features is None):
         raise ConfigError("dataset.columns.image", "give exactly one of dataset.columns.image (an image or array "
                                                    f"column) and dataset.columns.features; got {image!r} and {features!r}")
-    if not isinstance(ds.features[label], datasets.ClassLabel) and ds.features[label].dtype in ("string", "large_string"):
+    if getattr(ds.features[label], "dtype", None) in ("string", "large_string"):
         ds = ds.class_encode_column(label)  # class names -> 0..C-1, sorted by name
     mode = cfg.get("image_mode")
     if image is not None and isinstance(ds.features[image], datasets.Image) and mode:
