@@ -145,7 +145,7 @@ def test_device_data_defaults_and_node_plumbing(tmp_path):
     for split in ("y_train", "y_val", "y_test"):
         assert torch.equal(classes[getattr(local, split)], getattr(data, split)), split
     assert local.x_val is data.x_val
-    assert device_data({"algorithm": {}}, fed, 0) is data
+    assert device_data({"algorithm": {"local_labels": False}}, fed, 0) is data
     trainer = LocalTrainer(build_model({"name": "mclr"}, fed.input_shape, fed.num_classes))
     dev = device_runtime({"dataset": {"batch_size": 8}, "seed": 0}, 0, data, trainer, StateStore(tmp_path))
     assert torch.equal(dev.x_val, data.x_val) and torch.equal(dev.y_val, data.y_val) and len(dev.y_val) > 0

@@ -102,8 +102,10 @@ def test_ray_simulation_equals_direct_computation(ray_run):
 
 
 def test_inprocess_runtime_matches_ray(ray_run, tmp_path):
+    from tests.conftest import SMALL, compose_cfg
+
     cfg, run_dir, summary = ray_run
-    inproc = run({**cfg, "runtime": {"name": "inprocess", "torch_threads": 1}}, tmp_path)
+    inproc = run(compose_cfg(*SMALL, "runtime=inprocess", "runtime.torch_threads=1"), tmp_path)
     for a, b in zip(checkpoint(run_dir), checkpoint(tmp_path)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     assert inproc["final"] == pytest.approx(summary["final"])
