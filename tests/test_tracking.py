@@ -81,6 +81,14 @@ def test_tensorboard_tags_group_each_figure_by_level_once():
         "accuracy/team": 0.5, "other/bytes_up_team": 2}
 
 
+def test_a_sweep_job_is_named_by_the_keys_its_command_line_sweeps():
+    argv = ["-m", "seed=0,1,2", "runtime=inprocess", "algorithm=permfl,bhfl", "+x=range(2)", "hydra.sweep.dir=out"]
+    job = ["seed=1", "runtime=inprocess", "algorithm=bhfl", "+x=0", "hydra.sweep.dir=out"]
+    assert tracking.swept_overrides(job, argv) == ["seed=1", "algorithm=bhfl", "+x=0"]
+    assert tracking.swept_overrides(["seed=1"], ["-m", "seed=1"]) == []  # nothing swept: the job number names it
+    assert tracking.run_label(Path("/out/12-00-00/3")) == "12-00-00/3"  # not a running -m job
+
+
 def test_numeric_fields_and_params_flatten():
     row = {"round": 3, "pm_accuracy": 0.5, "gm_accuracy": None, "ok": True, "note": "x", "bytes_up_global": 7,
            "per": {"a": 1.5}, "hist": [1, 2]}
@@ -298,7 +306,7 @@ def test_a_multirun_makes_one_mlflow_run_per_job_with_its_params_and_every_row(t
     by_dir = {Path(r.data.tags["hfl.run_dir"]): r for r in runs}
     assert sorted(by_dir) == [(sweep / str(job)).resolve() for job in range(3)]
     for job, (run_dir, mlrun) in enumerate(sorted(by_dir.items())):
-        assert mlrun.info.status == "FINISHED" and mlrun.info.run_name == f"multirun/{job}"
+        assert mlrun.info.status == "FINISHED" and mlrun.info.run_name == f"multirun/seed={job}"  # what the job sweeps
         job_cfg = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), resolve=True)
         assert mlrun.data.params == tracking.param_values(job_cfg)
         assert mlrun.data.params["seed"] == str(job) and mlrun.data.params["logger.name"] == "mlflow"

@@ -70,11 +70,44 @@ def _one_line(exc: BaseException) -> str:
     return first if len(first) <= 300 else first[:297] + "..."
 
 
+def swept_overrides(job_overrides: Sequence[str], command_line: Sequence[str]) -> list[str]:
+    """The job's overrides of the keys its ``-m`` command line sweeps (``seed=0,1,2``,
+    ``algorithm=permfl,bhfl``, ``range(3)``, ``glob(*)``): what tells the job from its siblings;
+    [] where nothing is swept or the command line is not Hydra's."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    try:
+        swept = {o.get_key_element() for o in parser.parse_overrides(
+            [arg for arg in command_line if "=" in arg and not arg.startswith("-")]) if o.is_sweep_override()}
+        parsed = parser.parse_overrides(list(job_overrides))
+    except Exception:  # noqa: BLE001 - a label is never worth failing a run for
+        return []
+    return [text for text, o in zip(job_overrides, parsed, strict=True) if o.get_key_element() in swept]
+
+
+def _sweep_job_label(run_dir: Path) -> str | None:
+    """``k=v,...`` of the swept keys where ``run_dir`` is the running ``-m`` job's directory."""
+    import sys
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return None
+    job = HydraConfig.get()
+    if job.mode != RunMode.MULTIRUN or Path(job.runtime.output_dir).resolve() != run_dir:
+        return None
+    # The basic launcher runs the jobs in this process: sys.argv is the sweep's command line.
+    return ",".join(swept_overrides(list(job.overrides.task), sys.argv[1:])) or None
+
+
 def run_label(run_dir: Path) -> str:
-    """A run's name in a tracker: its directory's last two parts (``<date>/<time>`` for a
-    single run, ``<time>/<job number>`` for a job of ``-m``)."""
+    """A run's name in a tracker: ``<date>/<time>`` (its directory's last two parts) for a single
+    run; ``<sweep time>/<what the job sweeps>`` (``12-00-00/seed=1``, ``.../algorithm=bhfl,seed=1``)
+    for a job of ``-m``, ``<sweep time>/<job number>`` where it sweeps nothing."""
     run_dir = Path(run_dir).resolve()
-    return f"{run_dir.parent.name}/{run_dir.name}"
+    return f"{run_dir.parent.name}/{_sweep_job_label(run_dir) or run_dir.name}"
 
 
 def numeric_fields(row: Mapping) -> dict[str, float]:
