@@ -116,6 +116,16 @@ def test_tensorboard_default_invocation_shows_every_curve_of_a_sweep(tmp_path):
                 query = urllib.parse.urlencode({"run": name, "tag": tag})
                 served = [(step, value) for _, step, value in get(f"{base}/data/plugin/scalars/scalars?{query}")]
                 assert served == points, (name, tag)  # float32, as hfl writes them
+        # The HParams dashboard: each run's config beside its last values of tracking.HPARAM_METRICS.
+        groups = get(f"{base}/data/plugin/hparams/session_groups", {
+            "experimentName": "", "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE",
+                                                      "STATUS_RUNNING"], "colParams": [], "startIndex": 0,
+            "sliceSize": 10})["sessionGroups"]
+        assert sorted(group["name"] for group in groups) == sorted(expected)
+        for group in groups:
+            assert group["hparams"]["seed"] == float(group["name"][0])  # job 0 ran seed 0, job 1 seed 1
+            last = {m["name"]["tag"]: (m["trainingStep"], m["value"]) for m in group["metricValues"]}
+            assert last == {tag: expected[group["name"]][tag][-1] for tag in tracking.HPARAM_METRICS}, group["name"]
     if "fast data loading" not in log.read_text():
         print("tensorboard: the Rust data server is absent here; the Python loader served these")
 
