@@ -132,7 +132,7 @@ def test_grouped_natural_ids_make_teams_of_writers(saved):
                         "mode: drop-reminder, sort_unique_ids: true}}", "dataset.columns.natural_id=writer",
                  "topology=sequential", "topology.num_teams=null", "topology.devices_per_team=null")
     pool = huggingface.load_pool(cfg["dataset"])
-    split = huggingface.flower_split(cfg["dataset"], pool, lambda: pytest.fail("asked the topology"), cfg["seed"])
+    split = huggingface.flower_split(cfg["dataset"], pool, cfg["topology"], cfg["seed"])
     assert split.natural_ids == [f"w{w:02d}" for w in range(10)]  # 12 writers, groups of 5: the last 2 dropped
     assert split.teams == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
     flower = partitioners.GroupedNaturalIdPartitioner(partition_by="writer", group_size=5, mode="drop-reminder",
@@ -142,6 +142,29 @@ def test_grouped_natural_ids_make_teams_of_writers(saved):
         rows = np.sort(np.asarray(flower.load_partition(t)[huggingface.ROW]))
         np.testing.assert_array_equal(np.sort(np.concatenate([split.parts[d] for d in team])), rows)
     assert federation(cfg).level1_devices == split.teams
+
+
+def test_a_partitioner_per_level_splits_teams_then_their_devices(saved):
+    """Teams by Dirichlet over the labels, each team's rows among its devices by Dirichlet too: each
+    device equals Flower Datasets' partition of its team's partition, with the same seed."""
+    cfg = cfg_of(saved, "++dataset.team_partitioner={name: DirichletPartitioner, kwargs: {alpha: 0.5}}",
+                 "++dataset.partitioner={name: DirichletPartitioner, kwargs: {alpha: 1.0, min_partition_size: 5}}",
+                 "topology=sequential", "topology.num_teams=3", "topology.devices_per_team=4", "seed=3")
+    fed = federation(cfg)
+    assert fed.level1_devices == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    teams = partitioners.DirichletPartitioner(num_partitions=3, partition_by="label", alpha=0.5, seed=3)
+    teams.dataset = datasets.load_from_disk(str(saved))
+    for t in range(3):
+        inner = partitioners.DirichletPartitioner(num_partitions=4, partition_by="label", alpha=1.0,
+                                                  min_partition_size=5, seed=3)
+        inner.dataset = teams.load_partition(t)
+        for j in range(4):
+            assert_device_is_partition(fed, 4 * t + j, inner.load_partition(j), seed=3)
+    # the teams by writer group (natural ids at level 1), 2 IID devices in each
+    by_group = federation(cfg_of(saved, "dataset.team_partitioner.name=NaturalIdPartitioner",
+                                 "+dataset.team_partitioner.kwargs.partition_by=group",
+                                 "topology=sequential", "topology.num_teams=null", "topology.devices_per_team=2"))
+    assert len(by_group.level1_devices) == GROUPS and len(by_group.devices) == 2 * GROUPS
 
 
 def test_hfl_partitions_on_a_hugging_face_dataset_equal_them_on_the_same_pool(saved, digits):
@@ -227,6 +250,12 @@ def test_a_folder_of_images_loads_in_the_mode_asked(tmp_path, digits, monkeypatc
     (["dataset.partitioner.name=IidPartitioner", "dataset.columns.group=group"], "dataset.columns.group",
      "not IidPartitioner"),
     (["dataset.splits=[train]"], "dataset.splits", "no splits"),
+    (["dataset.team_partitioner.name=IidPartitioner", "topology.devices_per_team=null"],
+     "topology.devices_per_team", "each level-1 node's device count"),
+    (["dataset.team_partitioner.name=IidPartitioner", "dataset.partitioner.name=NaturalIdPartitioner",
+      "dataset.columns.natural_id=writer"], "dataset.team_partitioner", "NaturalIdPartitioner forms them itself"),
+    (["++dataset.team_partitioner={name: InnerDirichletPartitioner, kwargs: {partition_sizes: [10], alpha: 1}}"],
+     "dataset.team_partitioner", "makes 1 partitions but the topology has 2 level-1 nodes"),
 ])
 def test_bad_settings_are_refused_in_one_line_naming_the_key(saved, overrides, key, words):
     cfg = cfg_of(saved, "topology=sequential", "topology.num_teams=2", "topology.devices_per_team=3", *overrides)

@@ -217,6 +217,7 @@ class HuggingFaceDatasetConfig(DatasetConfig):
     splits: Optional[List[str]] = MISSING  # pooled splits; null = all
     columns: HuggingFaceColumnsConfig = field(default_factory=HuggingFaceColumnsConfig)
     partitioner: PartitionerConfig = field(default_factory=PartitionerConfig)  # partition=flower
+    team_partitioner: PartitionerConfig = field(default_factory=PartitionerConfig)  # level-1 nodes first; name null: off
     num_classes: Optional[int] = MISSING  # null: the label's ClassLabel, else max label + 1
     image_mode: Optional[str] = MISSING  # PIL mode images are decoded to (L, RGB); null = as stored
     scale: float = MISSING  # raw values are divided by it (255 for 8-bit images)

@@ -361,14 +361,11 @@ def build_federation(dataset_cfg: Mapping, topology_cfg: Mapping, seed: int) -> 
     pool = huggingface.load_pool(dataset_cfg) if hf else None
     split = None
     if pool is not None and partition == FLOWER:  # the partitioner may make the devices (natural ids) and teams
-        split = huggingface.flower_split(dataset_cfg, pool, lambda: topology.num_devices(topology_cfg), seed)
+        split = huggingface.flower_split(dataset_cfg, pool, topology_cfg, seed)
         num_devices = len(split.parts)
     else:
         num_devices = topology.num_devices(topology_cfg)
-    if split is not None and split.teams is not None:
-        what = (f"column {huggingface.column(dataset_cfg, 'group')!r} (dataset.columns.group)"
-                if huggingface.column(dataset_cfg, "group") else "GroupedNaturalIdPartitioner")
-        huggingface.check_topology(topology_cfg, split.teams, what)
+    if split is not None and split.teams is not None:  # the level-1 nodes the data formed (checked against the topology)
         tree = from_teams(split.teams)
     else:
         tree = topology.form_tree(num_devices, topology_cfg, seed)

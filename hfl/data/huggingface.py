@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from hfl.errors import ConfigError, check_number
+from hfl.tree import formation as topology
 
 SOURCE = "huggingface"
 ROW = "__hfl_row__"  # a pool row's index, added for the partitioner so its partitions name their rows
@@ -216,38 +217,39 @@ def load_pool(cfg: Mapping) -> Pool:
 
 
 # ------------------------------------------------------------------ Flower Datasets' partitioners
-def partitioner_class(name: Any) -> type:
+def partitioner_class(name: Any, key: str = "dataset.partitioner.name") -> type:
     import flwr_datasets.partitioner as fp
 
     known = sorted(n for n in fp.__all__ if n != "Partitioner" and not n.startswith("Vertical"))
     if name not in known:
-        raise ConfigError("dataset.partitioner.name", f"unknown partitioner {name!r}; Flower Datasets' "
-                                                      f"(flwr_datasets.partitioner): {', '.join(known)}")
+        raise ConfigError(key, f"unknown partitioner {name!r}; Flower Datasets' (flwr_datasets.partitioner): "
+                               f"{', '.join(known)}")
     return getattr(fp, name)
 
 
-def make_partitioner(cfg: Mapping, pool: Pool, num_devices: int | None, seed: int) -> Any:
-    """The partitioner ``dataset.partitioner`` names, over the pool. Filled in when the
-    partitioner takes them and ``kwargs`` does not give them: ``num_partitions`` (the topology's
-    devices), ``partition_by`` (the natural id column for natural-id partitioners, else the
+def make_partitioner(cfg: Mapping, dataset: Any, num_devices: int | None, seed: int,
+                     key: str = "dataset.partitioner") -> Any:
+    """The partitioner ``key`` (``dataset.partitioner`` or ``dataset.team_partitioner``) names,
+    over ``dataset`` (the pool, or a level-1 node's rows of it). Filled in when the partitioner
+    takes them and ``kwargs`` does not give them: ``num_partitions`` (``num_devices``: the
+    topology's), ``partition_by`` (the natural id column for natural-id partitioners, else the
     label column) and ``seed`` (the run's)."""
-    spec = cfg.get("partitioner") or {}
+    spec = cfg.get(key.rpartition(".")[2]) or {}
     name = spec.get("name")
-    cls = partitioner_class(name)
+    cls = partitioner_class(name, f"{key}.name")
     kwargs = dict(spec.get("kwargs") or {})
     params = inspect.signature(cls).parameters
     for k in kwargs:
         if k not in params:
-            raise ConfigError(f"dataset.partitioner.kwargs.{k}", f"{name} takes no argument {k!r}; it takes: "
-                                                                 f"{', '.join(params)}")
+            raise ConfigError(f"{key}.kwargs.{k}", f"{name} takes no argument {k!r}; it takes: {', '.join(params)}")
     if "partition_by" in params and "partition_by" not in kwargs:
         by = column(cfg, "natural_id") if name in NATURAL else column(cfg, "label")
         if not by:
             raise ConfigError("dataset.columns.natural_id", f"{name} needs the natural id column (or "
-                                                            "dataset.partitioner.kwargs.partition_by)")
+                                                            f"{key}.kwargs.partition_by)")
         kwargs["partition_by"] = by
     if "partition_by" in kwargs:
-        check_column(pool.dataset, "dataset.partitioner.kwargs.partition_by", str(kwargs["partition_by"]))
+        check_column(dataset, f"{key}.kwargs.partition_by", str(kwargs["partition_by"]))
     if "seed" in params and "seed" not in kwargs:
         kwargs["seed"] = int(seed)
     if "num_partitions" in params and "num_partitions" not in kwargs and num_devices is not None:
@@ -255,38 +257,43 @@ def make_partitioner(cfg: Mapping, pool: Pool, num_devices: int | None, seed: in
     try:
         partitioner = cls(**kwargs)
     except (TypeError, ValueError) as exc:
-        raise ConfigError("dataset.partitioner.kwargs", f"{name}({kwargs}) refused: {_one_line(exc)}") from exc
+        raise ConfigError(f"{key}.kwargs", f"{name}({kwargs}) refused: {_one_line(exc)}") from exc
     # Arrow format: a partitioner reading a whole column (np.array(dataset[column])) gets it at once;
     # in the default format datasets 4 hands it row by row (16 s for a million rows, 1 s this way).
-    partitioner.dataset = pool.dataset.with_format("arrow")
+    partitioner.dataset = dataset.with_format("arrow")
     return partitioner
 
 
-def _refused(name: str, wanted: int | None, rows: int, exc: BaseException) -> ConfigError:
-    asked = f"{wanted} devices" if wanted is not None else "its partitions"
-    return ConfigError("dataset.partitioner", f"{name} cannot make {asked} of the {rows} rows: {_one_line(exc)}")
-
-
-def partition_rows(partitioner: Any, name: str, wanted: int | None, rows: int) -> list[np.ndarray]:
-    """Each partition's pool rows, in the partitioner's order (``wanted``: the topology's devices)."""
+def partition_rows(partitioner: Any, name: str, wanted: int | None, key: str = "dataset.partitioner",
+                   what: str = "devices") -> list[np.ndarray]:
+    """Each partition's pool rows (its ROW values), in the partitioner's order (``wanted``: the
+    topology's count of ``what``)."""
+    rows = len(partitioner.dataset)
     try:
         count = int(partitioner.num_partitions)
     except (ValueError, KeyError, IndexError, AssertionError) as exc:
-        raise _refused(name, wanted, rows, exc) from exc
+        raise _refused(name, wanted, rows, exc, key, what) from exc
     if wanted is not None and count != wanted:
-        raise ConfigError("dataset.partitioner", f"{name} makes {count} partitions but the topology has {wanted} "
-                                                 "devices; give it as many or change the topology")
+        raise ConfigError(key, f"{name} makes {count} partitions but the topology has {wanted} {what}; give it as "
+                               "many or change the topology")
     try:
         first = _rows_of(partitioner, 0)
         # Most partitioners keep every partition's indices once one is loaded: read them at once
         # (a partition loaded through the API costs ~2 ms: 1,000 devices took 2.7 s to start, 5,000
-        # 11 s). Their indices are rows of the pool (ROW is 0..n-1); partition 0 vouches for them.
+        # 11 s). Their indices are positions in the dataset they split; partition 0 vouches for them.
         known = getattr(partitioner, "_partition_id_to_indices", None)
-        if isinstance(known, Mapping) and len(known) == count and np.array_equal(np.asarray(known[0]), first):
-            return [first] + [np.asarray(known[i], dtype=np.int64) for i in range(1, count)]
+        if isinstance(known, Mapping) and len(known) == count:
+            to_rows = np.asarray(partitioner.dataset.with_format("numpy")[ROW][:], dtype=np.int64)
+            if np.array_equal(to_rows[np.asarray(known[0], dtype=np.int64)], first):
+                return [first] + [to_rows[np.asarray(known[i], dtype=np.int64)] for i in range(1, count)]
         return [first] + [_rows_of(partitioner, i) for i in range(1, count)]
     except (ValueError, KeyError, IndexError, AssertionError) as exc:
-        raise _refused(name, wanted, rows, exc) from exc
+        raise _refused(name, wanted, rows, exc, key, what) from exc
+
+
+def _refused(name: str, wanted: int | None, rows: int, exc: BaseException, key: str, what: str) -> ConfigError:
+    asked = f"{wanted} {what}" if wanted is not None else "its partitions"
+    return ConfigError(key, f"{name} cannot make {asked} of the {rows} rows: {_one_line(exc)}")
 
 
 def _rows_of(partitioner: Any, i: int) -> np.ndarray:
@@ -304,46 +311,89 @@ class FlowerSplit:
     natural_ids: list[Any] | None  # device d's natural id (natural-id partitions)
 
 
-def flower_split(cfg: Mapping, pool: Pool, topology_devices: Callable[[], int], seed: int) -> FlowerSplit:
-    """Devices (and teams) from ``dataset.partitioner``; ``topology_devices()`` gives the
-    topology's device count, asked only for partitioners that do not make their own."""
-    spec = cfg.get("partitioner") or {}
-    name = spec.get("name")
+def flower_split(cfg: Mapping, pool: Pool, topology_cfg: Mapping, seed: int) -> FlowerSplit:
+    """Devices (and level-1 nodes where the data forms them) from ``dataset.partitioner`` and
+    ``dataset.team_partitioner``; the topology's device count is asked only of partitioners that
+    do not make their own."""
+    if (cfg.get("team_partitioner") or {}).get("name"):
+        return _by_levels(cfg, pool, topology_cfg, seed)
+    name = (cfg.get("partitioner") or {}).get("name")
     group = column(cfg, "group")
-    rows = len(pool.y)
     if name not in NATURAL:
         partitioner_class(name)
         if group:
             raise ConfigError("dataset.columns.group", f"groups devices by natural id; it needs NaturalIdPartitioner "
                                                        f"or GroupedNaturalIdPartitioner, not {name}")
-        wanted = topology_devices()
-        partitioner = make_partitioner(cfg, pool, wanted, seed)
-        return FlowerSplit(partition_rows(partitioner, name, wanted, rows), None, None)
+        wanted = topology.num_devices(topology_cfg)
+        partitioner = make_partitioner(cfg, pool.dataset, wanted, seed)
+        return FlowerSplit(partition_rows(partitioner, name, wanted), None, None)
 
     if name == "NaturalIdPartitioner":
-        partitioner = make_partitioner(cfg, pool, None, seed)
-        parts = partition_rows(partitioner, name, None, rows)
+        partitioner = make_partitioner(cfg, pool.dataset, None, seed)
+        parts = partition_rows(partitioner, name, None)
         ids = [partitioner.partition_id_to_natural_id[i] for i in range(len(parts))]
-        return FlowerSplit(parts, _group_teams(cfg, pool, parts, ids) if group else None, ids)
+        if not group:
+            return FlowerSplit(parts, None, ids)
+        teams = _group_teams(cfg, pool, parts, ids)
+        check_topology(topology_cfg, teams, f"column {group!r} (dataset.columns.group)")
+        return FlowerSplit(parts, teams, ids)
 
     # GroupedNaturalIdPartitioner: its groups are the level-1 nodes, their natural ids the devices
-    grouped = make_partitioner(cfg, pool, None, seed)
+    grouped = make_partitioner(cfg, pool.dataset, None, seed)
     if group:
         raise ConfigError("dataset.columns.group", "GroupedNaturalIdPartitioner forms the groups itself; set "
                                                    "dataset.columns.group=null or use NaturalIdPartitioner")
     try:
         groups = [list(grouped.partition_id_to_natural_ids[g]) for g in range(grouped.num_partitions)]
     except (ValueError, KeyError) as exc:
-        raise _refused(name, None, rows, exc) from exc
+        raise _refused(name, None, len(pool.y), exc, "dataset.partitioner", "devices") from exc
     by = grouped._partition_by  # noqa: SLF001 - the column it was given or we filled in
     natural = make_partitioner({**cfg, "partitioner": {"name": "NaturalIdPartitioner", "kwargs": {"partition_by": by}}},
-                               pool, None, seed)
-    parts = partition_rows(natural, "NaturalIdPartitioner", None, rows)
+                               pool.dataset, None, seed)
+    parts = partition_rows(natural, "NaturalIdPartitioner", None)
     device_of = {natural.partition_id_to_natural_id[i]: i for i in range(len(parts))}
     kept = sorted(device_of[nid] for g in groups for nid in g)  # drop-reminder leaves some ids out
     renumber = {old: new for new, old in enumerate(kept)}
     teams = [sorted(renumber[device_of[nid]] for nid in g) for g in groups]
+    check_topology(topology_cfg, teams, "GroupedNaturalIdPartitioner")
     return FlowerSplit([parts[i] for i in kept], teams, [natural.partition_id_to_natural_id[i] for i in kept])
+
+
+def _by_levels(cfg: Mapping, pool: Pool, topology_cfg: Mapping, seed: int) -> FlowerSplit:
+    """A partitioner per level: ``dataset.team_partitioner`` splits the pool among the level-1
+    nodes (``topology.num_teams``, or one per natural id of a natural-id partitioner), then
+    ``dataset.partitioner`` splits each node's rows among its ``topology.devices_per_team``
+    devices (the same arguments and seed for every node). Device ids run node by node."""
+    key = "dataset.team_partitioner"
+    team_name = cfg["team_partitioner"]["name"]
+    name = (cfg.get("partitioner") or {}).get("name")
+    partitioner_class(team_name, f"{key}.name")
+    if topology_cfg.get("formation") not in ("random", "sequential"):
+        raise ConfigError("topology.formation", f"is {topology_cfg.get('formation')!r} but {key} forms the level-1 "
+                                                "nodes; use topology=sequential with topology.num_teams and "
+                                                "topology.devices_per_team")
+    if name in NATURAL or column(cfg, "group"):
+        raise ConfigError(key, f"splits the pool among level-1 nodes whose devices dataset.partitioner makes by count; "
+                               f"{'dataset.columns.group' if column(cfg, 'group') else name} forms them itself "
+                               f"(set {key}.name=null)")
+    per_team = topology_cfg.get("devices_per_team")
+    if per_team is None:
+        raise ConfigError("topology.devices_per_team", f"{key} needs each level-1 node's device count here "
+                                                       "(dataset.partitioner splits each node's rows into that many)")
+    per_team = int(check_number("topology.devices_per_team", per_team, integer=True, minimum=1))
+    wanted = None if team_name in NATURAL else topology_cfg.get("num_teams")
+    if team_name not in NATURAL and wanted is None:
+        raise ConfigError("topology.num_teams", f"{key} {team_name} needs the number of level-1 nodes here")
+    team_rows = partition_rows(make_partitioner(cfg, pool.dataset, wanted, seed, key), team_name, wanted, key,
+                               "level-1 nodes")
+    parts: list[np.ndarray] = []
+    teams: list[list[int]] = []
+    for rows in team_rows:
+        inner = make_partitioner(cfg, pool.dataset.select(rows), per_team, seed)  # keeps ROW: rows of the pool
+        teams.append(list(range(len(parts), len(parts) + per_team)))
+        parts.extend(partition_rows(inner, name, per_team))
+    check_topology(topology_cfg, teams, key, per_team)
+    return FlowerSplit(parts, teams, None)
 
 
 def _group_teams(cfg: Mapping, pool: Pool, parts: list[np.ndarray], ids: list[Any]) -> list[list[int]]:
@@ -365,16 +415,18 @@ def _group_teams(cfg: Mapping, pool: Pool, parts: list[np.ndarray], ids: list[An
     return teams
 
 
-def check_topology(topology_cfg: Mapping, teams: list[list[int]], what: str) -> None:
+def check_topology(topology_cfg: Mapping, teams: list[list[int]], what: str, per_team: int | None = None) -> None:
     """The topology must leave the level-1 nodes to the data: formation random or sequential
-    (their formation is then unused), ``num_teams`` null or the data's count, ``devices_per_team`` null."""
+    (their formation is then unused), ``num_teams`` null or the data's count, ``devices_per_team``
+    null (``per_team``: the count a partitioner per level was given)."""
     formation = topology_cfg.get("formation")
-    fix = f"use topology=sequential topology.num_teams={len(teams)} topology.devices_per_team=null"
+    fix = (f"use topology=sequential topology.num_teams={len(teams)} "
+           f"topology.devices_per_team={'null' if per_team is None else per_team}")
     if formation not in ("random", "sequential"):
         raise ConfigError("topology.formation", f"is {formation!r} but {what} forms the level-1 nodes; {fix}")
     num_teams = topology_cfg.get("num_teams")
     if num_teams is not None and num_teams != len(teams):
         raise ConfigError("topology.num_teams", f"is {num_teams} but {what} forms {len(teams)} level-1 nodes; {fix}")
-    if topology_cfg.get("devices_per_team") is not None:
+    if per_team is None and topology_cfg.get("devices_per_team") is not None:
         raise ConfigError("topology.devices_per_team", f"must be null: {what} forms level-1 nodes of "
                                                        f"{min(map(len, teams))}..{max(map(len, teams))} devices; {fix}")
