@@ -272,6 +272,7 @@ def test_a_dataset_that_cannot_be_loaded_names_what_to_do(tmp_path, monkeypatch)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     for overrides, key, words in [
         (["dataset=femnist"], "dataset.hub", "save_to_disk('data/flwrlabs_femnist')"),
+        (["dataset=cifar10_dirichlet"], "dataset.hub", "set dataset.path=data/uoft-cs_cifar10 dataset.hub=null"),
         (["dataset=huggingface", f"dataset.path={tmp_path / 'absent'}"], "dataset.path", "does not exist"),
         (["dataset=huggingface"], "dataset.path", "give exactly one of"),
     ]:
