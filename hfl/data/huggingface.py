@@ -11,6 +11,8 @@ MNIST's train and test; the columns hfl reads are named in ``dataset.columns``.
 exactly the rows of its partition ``d``, in the partitioner's order. A natural-id partitioner
 makes one device per natural id, however many the data has; a group column
 (``dataset.columns.group``) or ``GroupedNaturalIdPartitioner``'s groups make the level-1 nodes.
+A partitioner per level: ``dataset.team_partitioner`` splits the pool among the level-1 nodes
+and ``dataset.partitioner`` each node's rows among its devices.
 
 ``datasets`` and ``flwr_datasets`` are imported when a dataset of this source is loaded: the
 other datasets never pay for them.
