@@ -61,7 +61,7 @@ def test_a_run_survives_30_percent_device_loss_with_min_fit_fraction_0_7(algorit
 
 def test_the_same_dropout_with_min_fit_fraction_1_stops_the_run_naming_it(tmp_path):
     cfg = compose_cfg(*SMALL, *TEAMS_3x10, "algorithm=fedavg", "algorithm.min_fit_fraction=1.0")
-    with pytest.raises(RuntimeError, match=r"global round 1: no level-1 model.*node \d: round 1\.1: .*3 failures; "
+    with pytest.raises(RuntimeError, match=r"root: round 1: no model aggregated.*node \d: round 1\.1: .*3 failures; "
                                            r"10 usable updates needed \(algorithm.min_fit_fraction\)"):
         run(cfg, tmp_path)
 
@@ -71,8 +71,8 @@ def test_the_root_holds_min_fit_fraction_over_dropped_subtrees(tmp_path):
     assert run(compose_cfg(*SMALL, "runtime=inprocess", "runtime.dropout_nodes=0.5", "algorithm.min_fit_fraction=0.5"),
                tmp_path / "half")["rounds"] == 3
     assert [line["failures_level1"] for line in lines_of(tmp_path / "half", "metrics.jsonl")] == [1, 1, 1]
-    with pytest.raises(RuntimeError, match=r"global round 1: 1 usable level-1 models of 2 asked, 2 needed "
-                                           r"\(algorithm.min_fit_fraction=1\).*dropped out of round 1 of the root"):
+    with pytest.raises(RuntimeError, match=r"root: round 1: no model aggregated from 1 results .*1 failures; 2 usable "
+                                           r"updates needed \(algorithm.min_fit_fraction\).*dropped out of round 1 of the root"):
         run(compose_cfg(*SMALL, "runtime=inprocess", "runtime.dropout_nodes=0.5"), tmp_path / "all")
 
 

@@ -23,25 +23,25 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-from flwr.common import EvaluateIns, FitIns, GetPropertiesIns, NDArrays, Parameters, Scalar, ndarrays_to_parameters
+from flwr.common import EvaluateIns, GetPropertiesIns, NDArrays, Parameters, Scalar, ndarrays_to_parameters
 from flwr.common.logger import log as flwr_log
 from flwr.server import History, Server
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from hfl.algorithm import Replies, ServerRule, model_state
+from hfl.algorithm import ServerRule, model_state
 from hfl.clock.model import Clock
 from hfl.clock.policy import LevelPolicy
 from hfl.clock.timer import PREFIX as CLOCK_PREFIX
 from hfl.clock.timer import SIM_TIME, NodeTimer, without_clock
 from hfl.node.cohort import Cohort, Selection, without_cohort
-from hfl.node.inprocess import FitMany, client_manager_of, fit_together, run_fit_rounds
-from hfl.errors import ConfigError, first_failure
+from hfl.node.inprocess import ChildProxies, FitMany, LazyClientManager, fit_together, run_fit_rounds
+from hfl.errors import ConfigError
 from hfl.node.client import EVAL_SAMPLES, node_key
 from hfl.node.evaluation import pool_evaluations
 from hfl.rules.payload import payload_nbytes
-from hfl.node.strategy import LEVEL1_INDEX, accept_results, node_order, usable_needed
+from hfl.node.strategy import LEVEL1_INDEX, NodeStrategy, node_order
 from hfl.state.store import StateStore
 from hfl.tree.sampling import DeviceDraw, EvaluationDraw, evaluation_sample
 
@@ -101,9 +101,12 @@ class RootStrategy(Strategy):
         self.make_rule = make_rule
         self.clock, self.policy, self.seed = clock, policy or LevelPolicy(), seed
         self.rule: ServerRule
+        self.node: NodeStrategy  # the round's strategy over the level-1 nodes, as every node's over its children
         self.timer: NodeTimer | None
         self.merges: dict[str, dict[str, int]]
-        self.current: NDArrays
+        # A round needs this fraction of the level-1 nodes it asked (at least one): the same
+        # algorithm.min_fit_fraction every inner node applies to its children (hfl.node.strategy).
+        self.min_fit_fraction = min_fit_fraction
         self._restore()
         self.num_children = num_children  # the level-1 nodes of the topology
         self.num_rounds = num_rounds
@@ -111,9 +114,6 @@ class RootStrategy(Strategy):
         self.finished: RoundDone | None = None  # the last round's outcome, for RootServer's observers
         self.wait_seconds = wait_seconds  # how long the first round waits for them to connect
         self.device_sampling = device_sampling
-        # A round needs this fraction of the level-1 nodes it asked (at least one): the same
-        # algorithm.min_fit_fraction every inner node applies to its children (hfl.node.strategy).
-        self.min_fit_fraction = min_fit_fraction
         self.selection = selection  # how its rounds pick level-1 nodes (hfl.node.cohort), as every node's
         self.evaluation = evaluation  # sampled evaluation (eval_fraction); None: every device is tested
         self._paths: dict[str, str] = {}  # level-1 node cid -> its path (asked once)
@@ -132,10 +132,12 @@ class RootStrategy(Strategy):
             start=float(stored.get(f"{CLOCK_PREFIX}time", 0.0)) if stored else 0.0)
         # Per level (str), the rounds of its nodes that merged replies and those that merged nothing (hfl.clock)
         self.merges = json.loads(bytes(stored[MERGES]).decode()) if stored and MERGES in stored else {}
-        self.current = self.rule.start()
+        self.node = NodeStrategy(self.rule, self.min_fit_fraction, order_key=LEVEL1_INDEX)
 
-    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        return ndarrays_to_parameters(self.current)
+    @property
+    def current(self) -> NDArrays:
+        """The root's model (after the round's prepare, then its aggregate)."""
+        return self.node.current
 
     def _children(self, client_manager: ClientManager) -> list[ClientProxy]:
         # Every level-1 node takes part; a node count that differs from the topology is a deployment
@@ -163,8 +165,13 @@ class RootStrategy(Strategy):
 
         cohort = Cohort(self.selection, "", timer=self.timer, drawn=drawn, stored=self.stored,
                         holds=self.device_sampling.holds if self.device_sampling else None)
-        _, report = run_fit_rounds(self, client_manager_of(children), 1, cohort, "", extra or None,
-                                   fit_many, self.timer, first_round=server_round)
+        # In tree order (paths as numbers: '10' after '9'), as the cohort draws and the calls go out.
+        level1 = LazyClientManager(ChildProxies([c.cid for c in children], {c.cid: c for c in children}.__getitem__))
+        try:
+            _, report = run_fit_rounds(self, level1, 1, cohort, "", {"global_round": server_round, **extra},
+                                       fit_many, self.timer, first_round=server_round)
+        except RuntimeError as exc:  # named as a node's failure is (hfl.node.client): "root: round 3: ..."
+            raise RuntimeError(f"root: {exc}") from exc
         if cohort.rows:  # whom it asked (samples.jsonl), before its subtrees' records
             self._round.setdefault("samples", []).append(json.dumps(cohort.rows))
         self._round["bytes_down_global"] += report.bytes_down
@@ -187,16 +194,20 @@ class RootStrategy(Strategy):
                     self._round[key] = self._round.get(key, 0) + count
         self._save(cohort)
 
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        return self.node.initialize_parameters(client_manager)
+
     def configure_fit(self, server_round, parameters, client_manager):  # noqa: ANN001
-        """The rule's message to the level-1 nodes the round asks (``client_manager``), in tree order."""
-        self.current = self.rule.prepare(server_round, self.current)
-        arrays, meta = self.rule.fit_message(server_round, self.current)
-        ins = FitIns(ndarrays_to_parameters(arrays), {**meta, "global_round": server_round})
-        return [(proxy, ins) for proxy in sorted(client_manager.all().values(), key=lambda p: int(p.cid))]
+        """The rule's message to the level-1 nodes the round asks, as every node sends its children's."""
+        return self.node.configure_fit(server_round, parameters, client_manager)
+
+    def aggregate_fit(self, server_round, results, failures):  # noqa: ANN001
+        """The accepted level-1 replies to the rule, as every node hands its children's (too few: None)."""
+        return self.node.aggregate_fit(server_round, results, failures)
 
     def merge_reference(self) -> NDArrays:
         """What a stale level-1 reply is merged against (hfl.clock): the root's model after ``prepare``."""
-        return self.current
+        return self.node.merge_reference()
 
     def _path_of(self, proxy: ClientProxy, server_round: int) -> str:
         """A level-1 node's path in the tree: Flower's node ids say nothing of the tree, so each
@@ -237,30 +248,6 @@ class RootStrategy(Strategy):
                 and key[-1].isdigit()
             ):
                 self._round[key] = self._round.get(key, 0) + value
-
-    def aggregate_fit(self, server_round, results, failures):  # noqa: ANN001
-        """The accepted level-1 replies to the rule; fails loudly when there are too few."""
-        accepted, rejected = accept_results(results, self.current, LEVEL1_INDEX, "root")
-        indices = [u.metrics.get(LEVEL1_INDEX) for u in accepted]
-        if len(set(indices)) != len(indices):
-            raise RuntimeError(f"global round {server_round}: duplicate level-1 nodes {sorted(indices)}; "
-                               "two nodes serve the same level-1 node (check partition-id)")
-        if not accepted:
-            raise RuntimeError(
-                f"global round {server_round}: no level-1 model to aggregate "
-                f"({len(failures)} failures, {rejected} rejected){first_failure(failures)}; "
-                "stopping rather than keeping the old model"
-            )
-        asked = len(results) + len(failures)
-        needed = usable_needed(self.min_fit_fraction, asked)
-        if len(accepted) < needed:
-            raise RuntimeError(
-                f"global round {server_round}: {len(accepted)} usable level-1 models of {asked} asked, {needed} "
-                f"needed (algorithm.min_fit_fraction={self.min_fit_fraction:g}); {len(failures)} failures, "
-                f"{rejected} rejected{first_failure(failures)}"
-            )
-        self.current = self.rule.aggregate(self.current, Replies(server_round, str(server_round), accepted))
-        return ndarrays_to_parameters(self.current), {"rejected": rejected}
 
     def _save(self, cohort: Cohort) -> None:
         clock = {}

@@ -1,7 +1,8 @@
 """A node's Flower ``Strategy`` over its children, driving the algorithm's ``ServerRule``
 (hfl.algorithm): the children's replies are checked (shapes, NaN/Inf, counts), ordered so that
 float sums do not depend on arrival order, and handed to the rule; the rule's model goes on
-to the next round. The root's strategy (hfl.node.root) shares ``accept_results``.
+to the next round. The same class runs the root's rounds (hfl.node.root.RootStrategy holds one per
+global round), its children's replies ordered by their level-1 index.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hfl.rules.aggregate import all_finite, update_problem
 from hfl.device.client import NODE_ROUND
 from hfl.algorithm import Replies, ServerRule, Update
 from hfl.rules.payload import LocalParameters, Payload, decode, unpack
+from hfl.tree.shape import path_order
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +77,19 @@ class NodeStrategy(Strategy):
     """An inner node's rounds over its children for one call: the rule's model goes down (with
     the rule's fit config), the accepted replies come back to the rule."""
 
-    def __init__(self, rule: ServerRule, min_fit_fraction: float = 1.0) -> None:
+    def __init__(self, rule: ServerRule, min_fit_fraction: float = 1.0, order_key: str = "device_id") -> None:
         self.rule = rule
         self.min_fit_fraction = min_fit_fraction
-        self.fit_config = rule.fit_config()
+        self.order_key = order_key  # what orders the children's replies (a device's id; a node's level-1 index)
+        # What its devices' FitIns carry; the root's children are always nodes, and its rule may have
+        # none to give (FeMAM's root keeps no level of its own).
+        self.fit_config = rule.fit_config() if rule.ctx.path else {}
         self.current = rule.start()
 
     @property
     def _name(self) -> str:
-        """How its log lines name the node: ``node 0.1``."""
-        return f"node {self.rule.ctx.path}"
+        """How its log lines name the node: ``node 0.1``, ``root``."""
+        return f"node {self.rule.ctx.path}" if self.rule.ctx.path else "root"
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         # Kept as arrays, encoded only if sent out of the process (hfl.rules.payload.LocalParameters).
@@ -99,7 +104,7 @@ class NodeStrategy(Strategy):
         shared = LocalParameters(arrays)
         config = {**self.fit_config, **meta, NODE_ROUND: server_round}
         out = []
-        for proxy in sorted(client_manager.all().values(), key=lambda p: p.cid):
+        for proxy in sorted(client_manager.all().values(), key=lambda p: path_order(p.cid)):  # tree order
             own = self.rule.child_message(server_round, message, proxy.cid)
             if own is None:
                 out.append((proxy, FitIns(shared, config)))
@@ -119,7 +124,12 @@ class NodeStrategy(Strategy):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        accepted, rejected = accept_results(results, self.current, "device_id", self._name)
+        accepted, rejected = accept_results(results, self.current, self.order_key, self._name)
+        keys = [u.metrics[self.order_key] for u in accepted if self.order_key in u.metrics]
+        if len(set(keys)) != len(keys):
+            twice = sorted({k for k in keys if keys.count(k) > 1})
+            raise RuntimeError(f"{self._name} round {server_round}: two replies from the same child ({self.order_key} "
+                               f"{twice}): two processes serve one child (a deployment: check partition-id)")
         asked = len(results) + len(failures)
         needed = usable_needed(self.min_fit_fraction, asked)
         stats: dict[str, Scalar] = {"rejected": rejected, "failures": len(failures), "aggregated": len(accepted)}

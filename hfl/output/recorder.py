@@ -21,6 +21,7 @@ from hfl.output.console import PROJECT_LOGGERS, ROUND, SHOW, round_line
 from hfl.process import interrupts
 from hfl.state.resume import Checkpoint, rows_up_to, write_checkpoint
 from hfl.state.store import atomic_savez, atomic_write_bytes
+from hfl.tree.shape import path_order
 
 if TYPE_CHECKING:
     from hfl.node.root import RoundDone
@@ -40,11 +41,6 @@ def traffic(counters: dict) -> dict[str, int]:
                     key=lambda k: (int(k.rsplit("level", 1)[1]), k))
     out.update({k: int(counters[k]) for k in levels if not k.endswith("level0")})
     return out
-
-
-def _natural(path: str) -> tuple[int, ...]:
-    """'1.10' after '1.9': paths and round paths compared as numbers."""
-    return tuple(int(p) for p in str(path).split(".") if p.isdigit())
 
 
 def accuracy_keys(lines: list[dict]) -> list[str]:
@@ -158,7 +154,7 @@ class Recorder:
             with self.samples_path.open("a") as f:
                 records = [record for block in counters["samples"] for record in json.loads(block)]
                 # Level-1 nodes answer in any order: write the records in tree order.
-                for record in sorted(records, key=lambda r: (_natural(r["node"]), _natural(r["round"]))):
+                for record in sorted(records, key=lambda r: (path_order(r["node"]), path_order(r["round"]))):
                     line = json.dumps({"global_round": rnd, **record})
                     f.write(line + "\n")
                     self._count_sample(line)

@@ -32,6 +32,11 @@ def child_path(parent: str, index: int) -> str:
     return str(index) if parent == ROOT else f"{parent}.{index}"
 
 
+def path_order(path: str) -> tuple[int, ...]:
+    """A path (or round path, or device id) as numbers: '1.10' after '1.9', tree order."""
+    return tuple(int(p) for p in str(path).split(".") if p.isdigit())
+
+
 def level_of(path: str) -> int:
     """Edges from the root: ``"" -> 0``, ``"3" -> 1``, ``"0.2" -> 2``."""
     return 0 if path == ROOT else path.count(".") + 1
