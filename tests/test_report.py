@@ -95,8 +95,10 @@ def produced(tmp_path_factory):
 
 
 def test_table_means_and_sample_stds(produced):
-    _, markdown, stdout = produced
-    assert stdout == markdown
+    out, markdown, stdout = produced
+    # the console: where the report went and each row's final PM / GM, not the report itself
+    assert stdout.startswith(f"hfl-report: 6 run(s) in 2 dataset/model group(s): {out / 'report.md'}, 4 plot(s)")
+    assert "## " not in stdout and len(stdout.splitlines()) == 1 + 2 * 2 + 3
     assert markdown.startswith("# Test report\n")
     rows = table_rows(markdown, "synthetic / mclr")
     assert list(rows) == ["permfl", "pfedme"]  # sorted by name
@@ -171,7 +173,7 @@ def test_no_paper_no_paper_columns_and_default_out(tmp_path, monkeypatch, capsys
     report.main([str(tmp_path / "runs")])
     markdown = (tmp_path / "report" / "report.md").read_text()
     assert "paper" not in markdown
-    assert markdown == capsys.readouterr().out
+    assert capsys.readouterr().out.startswith("hfl-report: 1 run(s) in 1 dataset/model group(s): report/report.md")
 
 
 def test_finds_runs_at_any_depth_once(tmp_path):
@@ -200,7 +202,7 @@ def test_rounds_disagreement_warned_and_shown(tmp_path):
     assert any("disagree on rounds" in w for w in warnings)
     # 3 and 5 global rounds are two experiments: two rows, not one averaged over both
     lines = report.group_table(groups[("synthetic", "mclr")], None).splitlines()[2:]
-    assert [line.split(" | ")[0] for line in lines] == ["| permfl (global_rounds=3)", "| permfl (global_rounds=5)"]
+    assert [line.split(" | ")[0] for line in lines] == ["| permfl global_rounds=3", "| permfl global_rounds=5"]
     assert lines[0].endswith("| 1 (0) | 3 |") and lines[1].endswith("| 1 (1) | 5 |")
 
 
@@ -211,10 +213,10 @@ def test_runs_of_other_configs_are_reported_apart_and_repeated_seeds_warned(tmp_
     make_run(tmp_path / "d", "permfl", "synthetic", "mclr", 1, [0.9], [0.1], lam=15)
     groups = report.group_runs(report.collect_runs([tmp_path]))
     rows = groups[("synthetic", "mclr")]
-    assert sorted(rows) == ["permfl (algorithm.lam=0.5)", "permfl (algorithm.lam=15)"]
+    assert sorted(rows) == ["permfl lam=0.5", "permfl lam=15"]
     assert [len(row.runs) for row in rows.values()] == [1, 3]
     table = report.group_table(rows, None)
-    assert "| permfl (algorithm.lam=0.5) | 50.00 |" in table  # not averaged with the lam=15 runs (70, 90, 90)
+    assert "| permfl lam=0.5 | 50.00 |" in table  # not averaged with the lam=15 runs (70, 90, 90)
     warnings = report.check_groups(groups)
     assert any("runs of 2 configurations, reported apart (algorithm.lam)" in w for w in warnings)
     assert any("seed(s) [1] appear more than once" in w for w in warnings)
@@ -291,8 +293,8 @@ def test_error_bad_paper_file(tmp_path):
 def test_paper_entry_matching_no_run_is_warned(tmp_path):
     make_run(tmp_path / "r", "fedavg", "mnist", "cnn", 0, None, FEDAVG)
     groups = report.group_runs(report.collect_runs([tmp_path]))
-    paper = {"mnist/cnn": {"fedavg": {"pm": None, "gm": 99.0}, "fedavgg": {"pm": None, "gm": 1.0}},
-             "mnist/mclr": {"fedavg": {"pm": None, "gm": 1.0}}}
+    paper = report.Paper({"mnist/cnn": {"fedavg": {"pm": None, "gm": 99.0}, "fedavgg": {"pm": None, "gm": 1.0}},
+                          "mnist/mclr": {"fedavg": {"pm": None, "gm": 1.0}}}, setting={})
     warnings = report.check_paper(paper, groups)
     assert len(warnings) == 2
     assert "mnist/cnn/fedavgg" in warnings[0] and "'mnist/mclr'" in warnings[1]

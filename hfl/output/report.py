@@ -5,8 +5,8 @@
 Each path is a run directory (one holding ``summary.json``, as hfl/output/recorder.py writes it)
 or any directory with run directories below it at any depth (a Hydra multirun, outputs/).
 Runs are grouped by (dataset, model), then by algorithm; the seeds of one algorithm are
-aggregated. Writes ``OUT/report.md`` (also printed to stdout) with one table per
-dataset/model and, per dataset/model, ``<dataset>_<model>_accuracy.png`` and
+aggregated. Writes ``OUT/report.md`` with one table per dataset/model (the console gets a short
+summary: where the report went and each row's final PM and GM) and, per dataset/model, ``<dataset>_<model>_accuracy.png`` and
 ``<dataset>_<model>_loss.png`` with one panel per model level per global round.
 
 Model levels: PM (the devices' personal models, ``pm_*`` in metrics.jsonl), the inner
@@ -35,8 +35,10 @@ Conventions:
   ``checkpoints/config.json``, deployed runs included; Hydra's ``.hydra/config.yaml`` for a run
   without it) agree in everything but the seed
   (and how they ran: runtime, resume, overwrite, logger); runs of other configs get rows of
-  their own, named by the keys that differ, with a warning. A malformed run directory is named
-  and skipped.
+  their own, with a warning, labelled by the keys that differ (last part of the key, at most
+  LABEL_WIDTH characters, then ``+N``: the plots' legends stay short); a "Configurations" table under
+  the dataset/model's table gives those keys in full and a run of each row. A malformed run directory
+  is named and skipped.
 * Client mean: where some run of a table reports ``client_mean_accuracy`` (the unweighted
   mean over devices of each device's PM accuracy, the FeMAM paper's figure; the PM columns
   pool every test sample instead), the table gets "client mean best" and "client mean final"
@@ -52,7 +54,10 @@ Conventions:
   evaluated it), with a shaded band from the seeds' minimum to maximum.
 * ``--paper FILE`` (YAML or JSON): ``{"dataset/model": {algorithm: {pm: x, gm: y}}}`` in
   percent; adds "paper PM" and "paper GM" columns (and "paper pflego" / "paper client mean"
-  where the file gives ``pflego`` / ``client_mean`` numbers). Missing entries show "—".
+  where the file gives ``pflego`` / ``client_mean`` numbers). Missing entries show "—". The file's
+  ``setting: {"*" | "dataset/model": {dotted config key: value}}`` says what the paper ran; runs
+  that differ get a warning (one line per dataset/model) and a "Not the paper's setting" line under
+  their table; a file without it is warned about once.
 """
 
 from __future__ import annotations
@@ -175,8 +180,10 @@ class Row:
 
     algorithm: str
     runs: list[Run] = field(default_factory=list)
-    # Set where the algorithm has runs of several configurations: the keys that tell this one apart.
+    # Set where the algorithm has runs of several configurations: the keys that tell this one apart,
+    # short (a legend entry); ``differing``: those keys in full (the report's configurations table).
     label: str = ""
+    differing: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -326,13 +333,57 @@ def group_runs(runs: Iterable[Run]) -> dict[tuple[str, str], dict[str, Row]]:
                 continue
             differing = config_differences([run for runs_ in configs.values() for run in runs_])
             for runs_ in configs.values():
-                flat = _flatten(runs_[0].config) if runs_[0].config is not None else None
-                shown = ", ".join(f"{k}={json.dumps(flat.get(k), default=str)}" for k in differing[:4]) \
-                    if flat is not None else "no config"
-                label = f"{algorithm} ({shown}{', ...' if flat is not None and len(differing) > 4 else ''})"
-                rows[label] = Row(algorithm, runs_, label)
+                label = short_label(algorithm, runs_[0].config, differing)
+                if label in rows:  # cut short alike: numbered (the configurations table tells them apart)
+                    label = f"{label} #{sum(name.startswith(label) for name in rows) + 1}"
+                rows[label] = Row(algorithm, runs_, label, differing)
         groups[key] = dict(sorted(rows.items()))
     return groups
+
+
+LABEL_WIDTH = 40  # characters of a row's label (a plot's legend entry) at most, the algorithm's name aside
+
+
+def config_value(value: object) -> str:
+    """A config value as a label or table shows it: scalars bare, lists and maps as compact JSON."""
+    return value if isinstance(value, str) else json.dumps(value, default=str, separators=(",", ":"))
+
+
+def short_keys(keys: Sequence[str]) -> dict[str, str]:
+    """Each dotted key by its last part (``algorithm.lam`` -> ``lam``), or in full where two
+    keys share that part."""
+    last = [key.rsplit(".", 1)[-1] for key in keys]
+    return {key: part if last.count(part) == 1 else key for key, part in zip(keys, last, strict=True)}
+
+
+def short_label(algorithm: str, config: dict | None, differing: Sequence[str]) -> str:
+    """``algorithm key=value, ...``: the keys that tell this configuration apart, shortened, as many as
+    fit in LABEL_WIDTH characters, then ``+N`` (the report's configurations table has them all)."""
+    if config is None:
+        return f"{algorithm} (no config)"
+    flat, names = _flatten(config), short_keys(differing)
+    pairs = [f"{names[key]}={config_value(flat.get(key))}" for key in differing]
+    shown: list[str] = []
+    for pair in pairs:
+        if shown and len(", ".join([*shown, pair])) > LABEL_WIDTH:
+            break
+        shown.append(pair if len(pair) <= LABEL_WIDTH else pair[:LABEL_WIDTH - 1] + "…")
+    rest = len(pairs) - len(shown)
+    return f"{algorithm} {', '.join(shown)}" + (f", +{rest}" if rest else "")
+
+
+def configurations_table(rows: dict[str, Row]) -> str:
+    """Rows whose label stands for a configuration: every key that differs in full, and a run of it
+    (its checkpoints/config.json holds the whole config). Empty when no row has such a label."""
+    labelled = [row for row in rows.values() if row.label]
+    if not labelled:
+        return ""
+    lines = ["| row | keys that differ | a run of it |", "|:---|:---|:---|"]
+    for row in labelled:
+        flat = _flatten(row.runs[0].config) if row.runs[0].config is not None else None
+        keys = DASH if flat is None else "<br>".join(f"`{key}={config_value(flat.get(key))}`" for key in row.differing)
+        lines.append(f"| {row.label} | {keys} | `{row.runs[0].path}` |")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- checks
@@ -443,8 +494,27 @@ def _seeds_text(row: Row) -> str:
 # ---------------------------------------------------------------- paper numbers
 
 
-def load_paper(path: str | Path) -> dict[str, dict[str, dict[str, float | None]]]:
-    """{"dataset/model": {algorithm: {"pm": x, "gm": y}}} from YAML or JSON (percent)."""
+@dataclass
+class Paper:
+    """A --paper file: its figures ``{"dataset/model": {algorithm: {pm: x, ...}}}`` and the setting
+    they were measured in, as hfl config keys (``{"*" or "dataset/model": {dotted key: value}}``)."""
+
+    figures: dict[str, dict[str, dict[str, float | None]]]
+    setting: dict[str, dict[str, object]] | None = None
+
+    def setting_of(self, dataset: str, model: str) -> dict[str, object] | None:
+        """The paper's keys for this dataset/model ("*" and its own entry); None: the file states none."""
+        if self.setting is None:
+            return None
+        return {**self.setting.get("*", {}), **self.setting.get(f"{dataset}/{model}", {})}
+
+
+SETTING = "setting"  # the paper file's reserved top-level key (group keys hold a "/")
+
+
+def load_paper(path: str | Path) -> Paper:
+    """{"dataset/model": {algorithm: {"pm": x, "gm": y}}} from YAML or JSON (percent), and an optional
+    ``setting: {"*" | "dataset/model": {dotted config key: value}}``."""
     path = Path(path)
     if not path.is_file():
         raise fail(f"{path}: paper file not found")
@@ -455,6 +525,9 @@ def load_paper(path: str | Path) -> dict[str, dict[str, dict[str, float | None]]
     shape = 'expected {"dataset/model": {algorithm: {pm: x, gm: y}}} (also pflego, client_mean)'
     if not isinstance(data, dict):
         raise fail(f"{path}: {shape}")
+    setting = data.pop(SETTING, None)
+    if setting is not None and not (isinstance(setting, dict) and all(isinstance(v, dict) for v in setting.values())):
+        raise fail(f"{path}: {SETTING}: expected {{\"*\" or \"dataset/model\": {{config key: value}}}}")
     paper: dict[str, dict[str, dict[str, float | None]]] = {}
     for group, algorithms in data.items():
         if not isinstance(algorithms, dict):
@@ -467,13 +540,50 @@ def load_paper(path: str | Path) -> dict[str, dict[str, dict[str, float | None]]
                 if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
                     raise fail(f"{path}: {group}/{algorithm}/{key}: not a number: {value!r}")
             paper[str(group)][str(algorithm)] = {m: values.get(m) for m in PAPER_KEYS}
-    return paper
+    return Paper(paper, None if setting is None else {str(k): dict(v) for k, v in setting.items()})
 
 
-def check_paper(paper: dict, groups: dict[tuple[str, str], dict[str, Row]]) -> list[str]:
-    """Paper entries that match no run: likely a typo in the key."""
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool) and not isinstance(b, bool):
+        return float(a) == float(b)
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def setting_differences(paper: Paper, dataset: str, model: str, rows: dict[str, Row]) -> str | None:
+    """How the runs of a dataset/model differ from the paper's setting, e.g. ``global_rounds 10 here, 400 in
+    the paper``; "" when they agree, None when the paper file states no setting."""
+    expected = paper.setting_of(dataset, model)
+    if expected is None:
+        return None
+    flats = [_flatten(run.config) for row in rows.values() for run in row.runs if run.config is not None]
+    missing = object()
+    parts = []
+    for key, value in expected.items():
+        ours = []
+        for flat in flats:
+            have = flat.get(key, missing)
+            if have is missing or not _same(have, value):
+                text = "absent" if have is missing else config_value(have)
+                if text not in ours:
+                    ours.append(text)
+        if ours:
+            parts.append(f"{key} {' / '.join(ours)} here, {config_value(value)} in the paper")
+    unknown = sum(run.config is None for row in rows.values() for run in row.runs)
+    if unknown:
+        parts.append(f"{unknown} run(s) without a recorded config not checked")
+    return "; ".join(parts)
+
+
+def check_paper(paper: Paper, groups: dict[tuple[str, str], dict[str, Row]]) -> list[str]:
+    """Paper entries that match no run (likely a typo in the key); runs of a setting other than the
+    paper's (a line per dataset/model), or a paper file that states no setting."""
     warnings = []
-    for key, algorithms in paper.items():
+    if paper.setting is None:
+        warnings.append("--paper: the paper file states no setting; the runs' setting is not checked against the paper's")
+    for (dataset, model), rows in groups.items():
+        if f"{dataset}/{model}" in paper.figures and (differences := setting_differences(paper, dataset, model, rows)):
+            warnings.append(f"--paper: {dataset}/{model}: not the paper's setting: {differences}")
+    for key, algorithms in paper.figures.items():
         dataset, _, model = key.partition("/")
         rows = groups.get((dataset, model))
         if rows is None:
@@ -524,7 +634,7 @@ def group_table(rows: dict[str, Row], paper: dict[str, dict[str, float | None]] 
     return "\n".join(lines)
 
 
-def render_markdown(groups: dict[tuple[str, str], dict[str, Row]], paper: dict | None = None,
+def render_markdown(groups: dict[tuple[str, str], dict[str, Row]], paper: Paper | None = None,
                     title: str = "hfl report", plots: dict[tuple[str, str], list[str]] | None = None) -> str:
     parts = [f"# {title}", "",
              "Test accuracy in %, mean ± sample std over seeds (a single seed: the value alone); "
@@ -534,7 +644,15 @@ def render_markdown(groups: dict[tuple[str, str], dict[str, Row]], paper: dict |
              + (" Paper columns: as given in the --paper file." if paper is not None else "")]
     for (dataset, model), rows in groups.items():
         parts += ["", f"## {dataset} / {model}", "",
-                  group_table(rows, None if paper is None else paper.get(f"{dataset}/{model}", {}))]
+                  group_table(rows, None if paper is None else paper.figures.get(f"{dataset}/{model}", {}))]
+        if paper is not None and f"{dataset}/{model}" in paper.figures:
+            differences = setting_differences(paper, dataset, model, rows)
+            parts += ["", "**Not the paper's setting**: " + differences + "." if differences
+                      else "The paper file states no setting: these runs were not checked against the paper's."
+                      if differences is None else "The runs' setting is the paper's (as the paper file states it)."]
+        configurations = configurations_table(rows)
+        if configurations:
+            parts += ["", "Configurations (the keys that differ between the rows of an algorithm):", "", configurations]
         for name in (plots or {}).get((dataset, model), []):
             parts += ["", f"![{name}]({name})"]
     return "\n".join(parts) + "\n"
@@ -670,6 +788,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def console_summary(groups: dict[tuple[str, str], dict[str, Row]], out_dir: Path,
+                    plots: dict[tuple[str, str], list[str]]) -> str:
+    """What hfl-report prints: where the report went, and per dataset/model each row's final PM and GM
+    (mean ± std over seeds, %); report.md holds the rest."""
+    runs = sum(len(row.runs) for rows in groups.values() for row in rows.values())
+    lines = [f"hfl-report: {runs} run(s) in {len(groups)} dataset/model group(s): {out_dir / 'report.md'}, "
+             f"{sum(map(len, plots.values()))} plot(s) in {out_dir}/"]
+    for (dataset, model), rows in groups.items():
+        cells = [(row.name, format_stat(row_stat(row, "pm", "final"), len(row.runs)),
+                  format_stat(row_stat(row, "gm", "final"), len(row.runs)), str(len(row.runs))) for row in rows.values()]
+        widths = [max(len(c[i]) for c in [("", "PM final", "GM final", "seeds"), *cells]) for i in range(4)]
+        lines.append(f"{dataset} / {model}: final accuracy (%)")
+        for cell in [("", "PM final", "GM final", "seeds"), *cells]:
+            lines.append("  " + cell[0].ljust(widths[0]) + "".join(f"  {c.rjust(w)}" for c, w in zip(cell[1:], widths[1:], strict=True)))
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     paper = load_paper(args.paper) if args.paper else None
@@ -685,10 +820,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # a read-only, full or file-as-directory --out
         message = file_system_message(exc.errno, str(exc.filename or out_dir), key="--out") if exc.errno else None
         raise fail(message or f"--out: {out_dir}: {exc}") from None
-    print(markdown, end="")
-    runs = sum(len(row.runs) for rows in groups.values() for row in rows.values())
-    print(f"hfl-report: {runs} runs, {len(groups)} dataset/model group(s); wrote {out_dir / 'report.md'} "
-          f"and {sum(map(len, plots.values()))} plots", file=sys.stderr)
+    print(console_summary(groups, out_dir, plots))
     return 0
 
 

@@ -144,6 +144,28 @@ def _settings(config: dict | None, section: str) -> str:
     return ", ".join(f"{key}={value}" for key, value in values.items() if key != "name")
 
 
+def clock_line(config: dict) -> str | None:
+    """``- simulated time: policy ...`` for a run with the clock on (None without): the policy of every
+    inner level (a list: root first) and the keys that policy reads."""
+    clock = config.get("clock")
+    if not isinstance(clock, dict) or not clock.get("enabled"):
+        return None
+    policy = clock.get("policy")
+    policies = policy if isinstance(policy, list) else [policy]
+    text = ("policy " + ", ".join(map(str, policies)) + " (root first)" if isinstance(policy, list)
+            else f"policy {policy} (every inner level)")
+    details = []
+    if "deadline" in policies:
+        details += [f"deadline {clock.get('deadline')} s", f"min_replies {clock.get('min_replies')}",
+                    f"late {clock.get('late')}"]
+    if "buffered" in policies:
+        details += [f"buffer {clock.get('buffer')}", f"concurrency {clock.get('concurrency')}",
+                    f"max_staleness {clock.get('max_staleness')}"]
+    speed = clock.get("speed") or {}
+    details.append(f"speeds {speed.get('distribution')}")
+    return f"- simulated time (clock): {text}; " + ", ".join(details)
+
+
 def run_markdown(run: Run, plots: Sequence[str], warnings: Sequence[str] = ()) -> str:
     """report.md of one run: what ran, final and best accuracy per model level, time, bytes, the
     warnings the console showed during the run, plots."""
@@ -153,8 +175,10 @@ def run_markdown(run: Run, plots: Sequence[str], warnings: Sequence[str] = ()) -
         settings = _settings(config, section)
         parts.append(f"- {section}: `{name}`" + (f" ({settings})" if settings else ""))
     parts += [f"- global rounds: {run.rounds}, seed: {DASH if run.seed is None else run.seed}"
-              + (f", runtime: {config['runtime'].get('name')}" if isinstance(config.get("runtime"), dict) else ""),
-              "", "Test accuracy in % (pooled over devices); final = the last evaluated round, "
+              + (f", runtime: {config['runtime'].get('name')}" if isinstance(config.get("runtime"), dict) else "")]
+    if (clock := clock_line(config)) is not None:
+        parts.append(clock)
+    parts += ["", "Test accuracy in % (pooled over devices); final = the last evaluated round, "
               "best = the best evaluated round.", "",
               "| model | final | best | best round |", "|:---|---:|---:|---:|"]
     for result in level_results(run):
