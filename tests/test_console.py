@@ -127,7 +127,7 @@ def check_console(proc: subprocess.CompletedProcess, run_dir: Path, rounds: int)
         assert "PM " in line and "team " in line and "GM " in line
     # Flower's own lines are in the log file, not on the console.
     log = (run_dir / "simulate.log").read_text()
-    for noise in ("configure_evaluate", "[ROUND 1]", "[flwr]"):
+    for noise in ("[ROUND 1]", "[flwr]"):
         assert noise in log and not any(noise in line for line in console), noise
     assert all(line in log for line in round_lines)
     # the summary: every level, the outputs named

@@ -218,20 +218,45 @@ def fit_one_by_one(calls: list[tuple[ClientProxy, FitIns]]) -> list[FitRes | Bas
     return [call_fit(proxy, ins) for proxy, ins in calls]
 
 
-def fit_together(group_id: int | None = None, timeout: float | None = None,
-                 max_workers: int | None = None) -> FitMany:
-    """The children called at once, each on a thread of its own (as Flower's legacy server calls
-    its clients; ``max_workers`` 1: one after the other): the root's level-1 nodes work in parallel
-    where they live elsewhere (Ray actors, deployed hosts). Replies in the order of the calls."""
+def call_evaluate(proxy: ClientProxy, ins: EvaluateIns, timeout: float | None = None,
+                  group_id: int | None = None) -> EvaluateRes | BaseException:
+    """A child's EvaluateRes, or the exception it raised (the caller counts it)."""
+    try:
+        return proxy.evaluate(ins, timeout=timeout, group_id=group_id)
+    except Exception as exc:  # noqa: BLE001 - the caller counts it as the child's failure
+        return exc
 
-    def fit_many(calls: list[tuple[ClientProxy, FitIns]]) -> list[FitRes | BaseException]:
+
+# Evaluates children together (the root's level-1 nodes): per (proxy, EvaluateIns), the EvaluateRes or the
+# exception the child raised, in the order of the calls.
+EvaluateCalls = Callable[[list[tuple[ClientProxy, EvaluateIns]]], list[EvaluateRes | BaseException]]
+
+
+def _together(call: Callable, group_id: int | None, timeout: float | None, max_workers: int | None) -> Callable:
+    """``call`` for each (proxy, ins) at once, each on a thread of its own (as Flower's legacy server
+    calls its clients; ``max_workers`` 1: one after the other); the outcomes in the order of the calls."""
+
+    def many(calls: list) -> list:
         if len(calls) <= 1 or max_workers == 1:
-            return [call_fit(proxy, ins, timeout, group_id) for proxy, ins in calls]
+            return [call(proxy, ins, timeout, group_id) for proxy, ins in calls]
         with concurrent.futures.ThreadPoolExecutor(max_workers=max_workers or len(calls)) as pool:
-            futures = [pool.submit(call_fit, proxy, ins, timeout, group_id) for proxy, ins in calls]
+            futures = [pool.submit(call, proxy, ins, timeout, group_id) for proxy, ins in calls]
             return [f.result() for f in futures]
 
-    return fit_many
+    return many
+
+
+def fit_together(group_id: int | None = None, timeout: float | None = None,
+                 max_workers: int | None = None) -> FitMany:
+    """The children's fits at once (``_together``): the root's level-1 nodes work in parallel where
+    they live elsewhere (Ray actors, deployed hosts)."""
+    return _together(call_fit, group_id, timeout, max_workers)
+
+
+def evaluate_together(group_id: int | None = None, timeout: float | None = None,
+                      max_workers: int | None = None) -> EvaluateCalls:
+    """The children's evaluations at once (``_together``), as their fits."""
+    return _together(call_evaluate, group_id, timeout, max_workers)
 
 
 def fit_in_lockstep(execute: Execute, group_id: int | None = None, timeout: float | None = None) -> FitMany:

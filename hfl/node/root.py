@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-from flwr.common import EvaluateIns, GetPropertiesIns, NDArrays, Parameters, Scalar, ndarrays_to_parameters
+from flwr.common import Code, EvaluateIns, EvaluateRes, GetPropertiesIns, NDArrays, Parameters, Scalar, ndarrays_to_parameters
 from flwr.common.logger import log as flwr_log
 from flwr.server import History, Server
 from flwr.server.client_manager import ClientManager
@@ -36,7 +36,8 @@ from hfl.clock.policy import LevelPolicy
 from hfl.clock.timer import PREFIX as CLOCK_PREFIX
 from hfl.clock.timer import SIM_TIME, NodeTimer, without_clock
 from hfl.node.cohort import Cohort, Selection, without_cohort
-from hfl.node.inprocess import ChildProxies, FitMany, LazyClientManager, fit_together, run_fit_rounds
+from hfl.node.inprocess import (ChildProxies, EvaluateCalls, FitMany, LazyClientManager, evaluate_together, fit_together,
+                                run_fit_rounds)
 from hfl.errors import ConfigError
 from hfl.node.client import EVAL_SAMPLES, node_key
 from hfl.node.evaluation import pool_evaluations
@@ -275,6 +276,25 @@ class RootStrategy(Strategy):
         ins = EvaluateIns(parameters, {**meta, "global_round": server_round, **timed})
         return [(proxy, ins) for proxy in children]
 
+    def evaluate_round(self, server_round: int, client_manager: ClientManager,
+                       evaluate_many: EvaluateCalls) -> tuple[float | None, dict[str, Scalar]] | None:
+        """Global round ``server_round``'s evaluation, if the schedule has one (``eval_every`` and the
+        last round; else the round is finished unevaluated): the level-1 nodes it asks, called by
+        ``evaluate_many``, their reports pooled (``aggregate_evaluate``); None when not evaluated."""
+        calls = self.configure_evaluate(server_round, None, client_manager)
+        if not calls:
+            return None
+        results: list[tuple[ClientProxy, EvaluateRes]] = []
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException] = []
+        for (proxy, _), res in zip(calls, evaluate_many(calls), strict=True):
+            if isinstance(res, BaseException):
+                failures.append(res)
+            elif res.status.code != Code.OK:
+                failures.append((proxy, res))
+            else:
+                results.append((proxy, res))
+        return self.aggregate_evaluate(server_round, results, failures)
+
     def _evaluated_children(self, server_round: int, children: list[ClientProxy]) -> list[ClientProxy]:
         """The level-1 nodes this evaluation asks: all, or a seeded sample of them in tree order, as
         every node samples its children (hfl.node.cohort), recorded in samples.jsonl."""
@@ -340,7 +360,7 @@ class RoundObserver(Protocol):
 
 class RootServer(Server):
     """Flower's legacy ``Server`` with hfl's loop: each global round the root's ``fit_round`` (the
-    round loop every node runs), then Flower's own evaluation round over the root's strategy. Flower
+    round loop every node runs), then its ``evaluate_round`` where the schedule has one. Flower
     carries the messages (in-process proxies, Ray actors, a deployment's hosts); ``offset``: the
     global rounds a resumed run has done already (hfl.state.resume)."""
 
@@ -352,6 +372,11 @@ class RootServer(Server):
         self.offset = offset
         self._fit_many = fit_many
         self.observers = list(observers)  # e.g. the run's recorder: outputs, checkpoints, trackers
+
+    def evaluate_many(self, server_round: int, timeout: float | None) -> EvaluateCalls:
+        """How a round's level-1 nodes are asked to evaluate: at once, or one after the other where
+        the server has one worker (in process)."""
+        return evaluate_together(server_round, timeout, self.max_workers)
 
     def fit_many(self, server_round: int, timeout: float | None) -> FitMany:
         """How a round's level-1 nodes are called: ``fit_many`` if given, else at once (Flower's
@@ -366,7 +391,9 @@ class RootServer(Server):
         for server_round in range(self.offset + 1, self.offset + num_rounds + 1):
             flwr_log(logging.INFO, "[ROUND %s]", server_round)
             self.root.fit_round(server_round, self._client_manager, self.fit_many(server_round, timeout))
-            evaluated = self.evaluate_round(server_round, timeout)  # the root decides whether it evaluates
+            # The root decides whether the round is evaluated; hfl calls the level-1 nodes, Flower carries it.
+            evaluated = self.root.evaluate_round(server_round, self._client_manager,
+                                                 self.evaluate_many(server_round, timeout))
             if evaluated is not None and evaluated[0] is not None:
                 history.add_loss_distributed(server_round, evaluated[0])
                 history.add_metrics_distributed(server_round, evaluated[1])
