@@ -53,7 +53,38 @@ class _ServerApp(ServerApp):
         else:
             from hfl.runtime.apps import server_app
 
+            check_federation(grid, cfg, str(context.run_config.get("overrides", "")))
+            record_config(context, cfg)
             server_app(grid, context)
+
+
+def check_federation(grid: Any, cfg: dict, overrides: str) -> None:
+    """``flwr run .`` on Flower's defaults (2 simulated SuperNodes) against a tree of another number of
+    level-1 nodes: stopped before anything is built, in one line naming the command that sizes the
+    federation (the root would otherwise wait ``runtime.team_wait_seconds`` and fail with a traceback)."""
+    from hfl.runtime.build import federation_for
+
+    needed = len(federation_for(cfg).tree.children(""))
+    have = len(list(grid.get_node_ids()))
+    if have != needed:
+        raise RuntimeError(
+            f"hfl: this federation has {have} SuperNodes and the experiment {needed} level-1 nodes (one SuperNode "
+            f"each): run `hfl-deploy simulate {overrides or 'OVERRIDES'}`, which sizes the federation and stops its SuperLink, "
+            f"or `flwr run . <connection> --federation-config num-supernodes={needed}`")
+
+
+def record_config(context: Context, cfg: dict) -> None:
+    """``flwr run``'s root records its config in its run directory, as hfl-simulate's and a deployment's
+    root do: the run's report reads the seed and settings there (without it, report.md said ``seed: —``)."""
+    import time
+
+    from hfl.output.paths import run_dir
+    from hfl.state.resume import record_config as record
+
+    # the folder named once here, so that the server below writes into the same one
+    name = str(context.run_config.get("run-name") or "") or time.strftime("%Y-%m-%d_%H-%M-%S")
+    context.run_config = {**context.run_config, "run-name": name}
+    record(cfg, run_dir(context.run_config, name, absolute=False))
 
 
 client_app = ClientApp(client_fn=_client_fn)

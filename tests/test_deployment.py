@@ -429,6 +429,9 @@ def test_flwr_run_in_one_command_matches_in_process(tmp_path: Path) -> None:
     assert done.returncode == 0 and "finished:completed" in done.stdout, f"{done.stdout}\n{done.stderr[-3000:]}\n{log}"
     (run_dir,) = (tmp_path / "flwr").iterdir()
     assert_same_run(run_dir, simulated(tmp_path, overrides))
+    # the run recorded its config, so its report names the seed (it said "seed: —")
+    assert json.loads((run_dir / "checkpoints" / "config.json").read_text())["seed"] == 0
+    assert "seed: 0" in (run_dir / "report.md").read_text()
     # the SuperLink is gone: nothing listens on its port any more
     assert "SuperLinkLifespan: stop" in (tmp_path / "work" / "superlink.log").read_text()
 
