@@ -67,10 +67,34 @@ def check_federation(grid: Any, cfg: dict, overrides: str) -> None:
     needed = len(federation_for(cfg).tree.children(""))
     have = len(list(grid.get_node_ids()))
     if have != needed:
+        managed = managed_superlink()
         raise RuntimeError(
             f"hfl: this federation has {have} SuperNodes and the experiment {needed} level-1 nodes (one SuperNode "
-            f"each): run `hfl-deploy simulate {overrides or 'OVERRIDES'}`, which sizes the federation and stops its SuperLink, "
-            f"or `flwr run . <connection> --federation-config num-supernodes={needed}`")
+            f"each): run `hfl-deploy simulate {overrides or 'OVERRIDES'}`, which sizes the federation and stops its "
+            f"SuperLink, or `flwr run . <connection> --federation-config num-supernodes={needed}`"
+            + (f"; Flower's local SuperLink keeps running (`kill {managed}` stops it)" if managed else ""))
+
+
+def managed_superlink(pid: int | None = None) -> int | None:
+    """The process id of the SuperLink that ``flwr run`` started for itself (detached, logging to
+    ``$FLWR_HOME/local-superlink/``; Flower has no command to stop it) among this process's ancestors;
+    None elsewhere (a SuperLink someone started, a system without /proc)."""
+    import os
+
+    pid = os.getppid() if pid is None else pid
+    for _ in range(8):  # SuperLink -> SuperExec -> this app process, give or take a wrapper
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")  # noqa: SIM115 - a one-shot read
+            parent = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])  # noqa: SIM115
+        except (OSError, ValueError, IndexError):
+            return None
+        if any(arg.endswith(b"flower-superlink") for arg in argv[:2]) and \
+                any(arg.endswith(b"local-superlink/superlink.log") for arg in argv):
+            return pid
+        if parent <= 1:
+            return None
+        pid = parent
+    return None
 
 
 def record_config(context: Context, cfg: dict) -> None:

@@ -33,3 +33,26 @@ def test_flowers_two_default_supernodes_against_four_teams_stop_in_one_line() ->
 
 def test_a_federation_of_the_right_size_goes_on() -> None:
     check_federation(Grid(2), compose_cfg("topology.num_teams=2"), "topology.num_teams=2")
+
+
+def test_flowers_managed_superlink_is_found_among_the_ancestors(tmp_path) -> None:
+    """The line names the pid of the SuperLink that `flwr run` started detached (it keeps running), found
+    by its command line: flower-superlink logging to $FLWR_HOME/local-superlink/."""
+    import subprocess
+    import sys
+
+    from hfl.app import managed_superlink
+
+    log = f"{tmp_path}/local-superlink/superlink.log"
+    code = "import time; time.sleep(30)"
+    # argv[0] as Flower's console script has it; the program is this interpreter
+    managed = subprocess.Popen([f"{tmp_path}/flower-superlink", "-c", code, "--log-file", log], executable=sys.executable)
+    other = subprocess.Popen([sys.executable, "-c", code, "--log-file", "elsewhere.log"])
+    try:
+        assert managed_superlink(managed.pid) == managed.pid
+        assert managed_superlink(other.pid) is None
+    finally:
+        managed.kill()
+        other.kill()
+        managed.wait()
+        other.wait()
