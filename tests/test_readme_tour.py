@@ -1,0 +1,92 @@
+"""The README's commands are run, shortened, by the suite (issue 49, item 2): every ``hfl-simulate``
+line of the README composes and passes the config checks (each value of a swept key), the tour's
+sweep and ``hfl-report`` run as processes, and ``make run`` installs the extras the tour uses.
+The rest of the tour is run elsewhere: the demo (tests/test_multilevel.py), trackers in their UIs
+(tests/test_tracker_uis.py), the docs site (tests/test_docs.py), the loopback deployment
+(tests/test_deployment.py, -m deployment), ``--help`` (tests/test_cli_help.py)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hfl.config.compose import compose_config
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def readme_commands(program: str) -> list[list[str]]:
+    """The README's ``program`` command lines in its bash blocks, continuation lines joined, comments dropped."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    return [shlex.split(line, comments=True) for line in lines if line.startswith(program + " ")]
+
+
+def sweep_values(value: str) -> list[str]:
+    """Hydra's comma sweep (``a,b,c``; commas inside brackets belong to a list)."""
+    parts, depth, current = [], 0, ""
+    for char in value:
+        depth += 1 if char in "[{" else -1 if char in "]}" else 0
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return [*parts, current]
+
+
+def composable(argv: list[str]) -> list[list[str]]:
+    """The override lists a command runs: one per value of each swept key (the others at their first)."""
+    overrides = [arg for arg in argv[1:] if arg != "-m" and not arg.startswith("hydra.")]
+    swept = {i: sweep_values(arg.split("=", 1)[1]) for i, arg in enumerate(overrides)
+             if "=" in arg and len(sweep_values(arg.split("=", 1)[1])) > 1}
+    first = [arg if i not in swept else f"{arg.split('=', 1)[0]}={swept[i][0]}" for i, arg in enumerate(overrides)]
+    runs = [first]
+    for i, values in swept.items():
+        runs += [[*first[:i], f"{overrides[i].split('=', 1)[0]}={v}", *first[i + 1:]] for v in values[1:]]
+    return runs
+
+
+COMMANDS = readme_commands("hfl-simulate")
+
+
+def test_the_readme_has_the_commands_this_file_checks():
+    assert len(COMMANDS) >= 10  # the tour's and the configuration section's
+    assert any("-m" in argv for argv in COMMANDS)
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=[" ".join(argv[1:])[:60] for argv in COMMANDS])
+def test_every_readme_hfl_simulate_command_composes_and_passes_the_checks(argv):
+    for overrides in composable(argv):
+        cfg = compose_config(shlex.join(overrides), 0)  # raises ConfigError naming the key on a bad value
+        assert cfg["algorithm"]["name"] and cfg["global_rounds"] >= 1
+
+
+def test_the_tour_sweep_and_report_run_shortened(tmp_path):
+    """Tour step 3 as typed, with 1 global round and 2 seeds: the sweep, then hfl-report on its folder."""
+    (sweep,) = [argv for argv in COMMANDS if "-m" in argv and any(a.startswith("algorithm=") for a in argv)]
+    argv = [a if not a.startswith("seed=") else "seed=0,1" for a in sweep[1:]]
+    proc = subprocess.run([str(BIN / "hfl-simulate"), *argv, "global_rounds=1", f"hydra.sweep.dir={tmp_path}/multirun"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (report,) = readme_commands("hfl-report")
+    proc = subprocess.run([str(BIN / "hfl-report"), f"{tmp_path}/multirun", *report[2:]], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("hfl-report: 6 run(s) in 1 dataset/model group(s): report/report.md")
+    assert (tmp_path / "report" / "report.md").read_text().count("| 2 (0, 1) |") == 3  # 3 algorithms x 2 seeds
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_run_installs_the_tours_extras():
+    out = subprocess.run(["make", "-n", "-B", "run", "ARGS=global_rounds=5"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    assert '-e ".[docs,track]"' in out  # tensorboard / mlflow / mkdocs serve, which the tour asks for
+    assert out.strip().splitlines()[-1] == ".venv/bin/hfl-simulate experiment=demo global_rounds=5"
