@@ -84,6 +84,38 @@ def test_the_tour_sweep_and_report_run_shortened(tmp_path):
     assert (tmp_path / "report" / "report.md").read_text().count("| 2 (0, 1) |") == 3  # 3 algorithms x 2 seeds
 
 
+TREES = [argv for argv in COMMANDS if "topology=tree" in argv and "algorithm=bhfl" in argv and "resume=true" not in argv]
+
+
+@pytest.mark.parametrize("argv", TREES, ids=[f"fanout {a[3].split('=')[1]}" for a in TREES])
+def test_the_tour_trees_run_one_round(tmp_path, argv):
+    """Tour step 2 as typed, 1 global round in process (30 rounds took 41 s on Ray)."""
+    proc = subprocess.run([str(BIN / "hfl-simulate"), *argv[1:], "global_rounds=1", "runtime=inprocess",
+                           f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "round 1/1" in proc.stdout and (tmp_path / "run" / "summary.json").is_file()
+
+
+def readme_block(containing: str) -> str:
+    """The README's bash block holding ``containing``."""
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+                if containing in b]
+    return block
+
+
+@pytest.mark.deployment
+@pytest.mark.slow
+def test_the_tours_loopback_deployment_runs_as_typed(tmp_path):
+    """Tour step 4, the shell block as the README gives it (its ports, its sleep), in a scratch folder."""
+    block = readme_block("hfl-deploy global").replace("/tmp/hfl-dep", str(tmp_path / "dep"))
+    env = {**__import__("os").environ, "PATH": f"{BIN}:{__import__('os').environ['PATH']}"}
+    proc = subprocess.run(["bash", "-c", "set -m\n" + block + "\nwait"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert "finished:completed" in proc.stdout, (proc.stdout + proc.stderr)[-4000:]
+    (run,) = (tmp_path / "dep" / "out").iterdir()
+    assert "seed: 0" in (run / "report.md").read_text()
+
+
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 def test_make_run_installs_the_tours_extras():
     out = subprocess.run(["make", "-n", "-B", "run", "ARGS=global_rounds=5"], cwd=ROOT, capture_output=True,
