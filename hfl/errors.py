@@ -85,7 +85,8 @@ _FILE_SYSTEM = {
 _ERRNO_TEXT = re.compile(r"\[Errno (\d+)\] [^:'\"]*(?:: ['\"]([^'\"]+)['\"])?|\b[A-Za-z]*Error\((\d+), '")
 # The node engine (hfl.node) rejects NaN/inf updates; a round none of whose updates survived diverged.
 _REJECTED = re.compile(r"\b[1-9]\d* rejected\b")
-_GLOBAL_ROUND = re.compile(r"global round (\d+)")
+# The root's failures name their global round "root: round N" (hfl.node.root), its nodes' "round N.k".
+_GLOBAL_ROUND = re.compile(r"(?:global round|root: round) (\d+)")
 RATE_KEYS = ("alpha", "eta", "beta")  # the algorithms' step sizes, besides every key ending in "lr"
 
 

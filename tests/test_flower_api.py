@@ -84,6 +84,7 @@ API = {
     "flwr.supernode.cli.flower_supernode": "private",
     "flwr_datasets.partitioner.IidPartitioner": "current",
     "flwr_datasets.partitioner.DirichletPartitioner": "current",
+    "flwr_datasets.partitioner": "current",  # any of its partitioners, by name (hfl.data.huggingface)
 }
 
 # Where flwr.compat defines what hfl imports through flwr.common / flwr.client / flwr.server.
