@@ -9,6 +9,7 @@ on 2 cores); everything else loads ``hfl.runtime.apps``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from flwr.client import Client, ClientApp
@@ -54,8 +55,9 @@ class _ServerApp(ServerApp):
             from hfl.runtime.apps import server_app
 
             check_federation(grid, cfg, str(context.run_config.get("overrides", "")))
-            record_config(context, cfg)
+            out = record_config(context, cfg)
             server_app(grid, context)
+            said_where(out)
 
 
 def check_federation(grid: Any, cfg: dict, overrides: str) -> None:
@@ -97,7 +99,19 @@ def managed_superlink(pid: int | None = None) -> int | None:
     return None
 
 
-def record_config(context: Context, cfg: dict) -> None:
+def said_where(out: Path) -> None:
+    """The stream's last line: where the outputs went and, on Flower's managed SuperLink, that it keeps
+    running and how to stop it (Flower's logger: hfl's own lines do not reach ``flwr run --stream``)."""
+    from logging import INFO
+
+    from flwr.common.logger import log as flower_log
+
+    managed = managed_superlink()
+    flower_log(INFO, "hfl: outputs in %s%s", out.resolve(),
+               f"; Flower's local SuperLink keeps running (`kill {managed}` stops it)" if managed else "")
+
+
+def record_config(context: Context, cfg: dict) -> Path:
     """``flwr run``'s root records its config in its run directory, as hfl-simulate's and a deployment's
     root do: the run's report reads the seed and settings there (without it, report.md said ``seed: —``)."""
     import time
@@ -108,7 +122,9 @@ def record_config(context: Context, cfg: dict) -> None:
     # the folder named once here, so that the server below writes into the same one
     name = str(context.run_config.get("run-name") or "") or time.strftime("%Y-%m-%d_%H-%M-%S")
     context.run_config = {**context.run_config, "run-name": name}
-    record(cfg, run_dir(context.run_config, name, absolute=False))
+    out = run_dir(context.run_config, name, absolute=False)
+    record(cfg, out)
+    return out
 
 
 client_app = ClientApp(client_fn=_client_fn)
