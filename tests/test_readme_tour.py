@@ -1,9 +1,10 @@
 """The README's commands are run, shortened, by the suite (issue 49, item 2): every ``hfl-simulate``
 line of the README composes and passes the config checks (each value of a swept key), the tour's
-sweep and ``hfl-report`` run as processes, and ``make run`` installs the extras the tour uses.
-The rest of the tour is run elsewhere: the demo (tests/test_multilevel.py), trackers in their UIs
-(tests/test_tracker_uis.py), the docs site (tests/test_docs.py), the loopback deployment
-(tests/test_deployment.py, -m deployment), ``--help`` (tests/test_cli_help.py)."""
+sweep, ``hfl-report`` and the tour's trees run as processes (shortened), the loopback deployment
+block runs as typed (-m deployment, slow), ``mkdocs serve`` serves the site, and ``make run``
+installs the extras the tour uses. Run elsewhere: the demo (tests/test_multilevel.py, 6 rounds),
+trackers in their UIs (tests/test_tracker_uis.py), the docs build (tests/test_docs.py),
+``hfl-deploy simulate`` (tests/test_deployment.py), ``--help`` (tests/test_cli_help.py)."""
 
 from __future__ import annotations
 
@@ -114,6 +115,25 @@ def test_the_tours_loopback_deployment_runs_as_typed(tmp_path):
     assert "finished:completed" in proc.stdout, (proc.stdout + proc.stderr)[-4000:]
     (run,) = (tmp_path / "dep" / "out").iterdir()
     assert "seed: 0" in (run / "report.md").read_text()
+
+
+def test_mkdocs_serve_serves_the_site_on_loopback(tmp_path):
+    """The README's last command, ``.venv/bin/mkdocs serve`` (on a free loopback port: its default 8000 may be taken)."""
+    import urllib.request
+
+    from hfl.deploy.loopback import free_ports
+    from tests.test_tracker_uis import serving, wait_for
+
+    mkdocs = BIN / "mkdocs"
+    if not mkdocs.exists():
+        pytest.skip(f"{mkdocs} is absent: make run installs the docs extra")
+    assert "`.venv/bin/mkdocs serve` serves these pages" in (ROOT / "README.md").read_text()
+    (port,) = free_ports(1)
+    log = tmp_path / "mkdocs.log"
+    with serving([str(mkdocs), "serve", "-a", f"127.0.0.1:{port}", "--no-livereload"], ROOT, log) as proc:
+        page = wait_for("mkdocs serve", lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/runtimes/",
+                                                                        timeout=5).read(), proc, log)
+    assert b"flwr run ." in page and b"<html" in page.lower()
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make")
