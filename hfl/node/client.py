@@ -76,6 +76,12 @@ def node_key(path: str) -> str:
     return f"node-{path or 'root'}"
 
 
+def rule_state(stored: dict[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
+    """What a node's rule is built from: its stored state less the clock's and the cohort's entries
+    (the root's and every inner node's alike)."""
+    return without_cohort(without_clock(stored))
+
+
 # (children, [(parameters, config) per target]) -> per target, the replies and the bytes sent
 EvaluateTargets = Callable[[SimpleClientManager, list[tuple[LocalParameters, dict]]],
                            list[tuple[list[tuple[str, EvaluateRes]], int]]]
@@ -159,7 +165,7 @@ class NodeClient(NumPyClient):
                               path=spec.path, seed=spec.seed, steps_of=self.steps_of, stored=stored)
             if self.at_time is not None:
                 self.at_time(arrived)
-        rule = self.make_rule(unpack(parameters, config), without_cohort(without_clock(stored)), round_path)
+        rule = self.make_rule(unpack(parameters, config), rule_state(stored), round_path)
         strategy = NodeStrategy(rule, spec.min_fit_fraction)
         drawn = None
         if spec.device_sampling:  # the devices the root drew for this global round

@@ -34,12 +34,12 @@ from hfl.algorithm import ServerRule, model_state
 from hfl.clock.model import Clock
 from hfl.clock.policy import LevelPolicy
 from hfl.clock.timer import PREFIX as CLOCK_PREFIX
-from hfl.clock.timer import SIM_TIME, NodeTimer, without_clock
-from hfl.node.cohort import Cohort, Selection, without_cohort
+from hfl.clock.timer import SIM_TIME, NodeTimer
+from hfl.node.cohort import Cohort, Selection
 from hfl.node.inprocess import (ChildProxies, EvaluateCalls, FitMany, LazyClientManager, evaluate_together, fit_together,
                                 run_fit_rounds)
 from hfl.errors import ConfigError
-from hfl.node.client import EVAL_SAMPLES, node_key
+from hfl.node.client import EVAL_SAMPLES, node_key, rule_state
 from hfl.node.evaluation import pool_evaluations
 from hfl.rules.payload import payload_nbytes
 from hfl.node.strategy import LEVEL1_INDEX, NodeStrategy, node_order
@@ -101,7 +101,6 @@ class RootStrategy(Strategy):
         self.store = store
         self.make_rule = make_rule
         self.clock, self.policy, self.seed = clock, policy or LevelPolicy(), seed
-        self.rule: ServerRule
         self.node: NodeStrategy  # the round's strategy over the level-1 nodes, as every node's over its children
         self.timer: NodeTimer | None
         self.merges: dict[str, dict[str, int]]
@@ -126,14 +125,19 @@ class RootStrategy(Strategy):
         is exactly what it stores."""
         stored = self.store.load(ROOT_KEY)
         self.stored = stored  # what the round's cohort starts from (hfl.node.cohort)
-        self.rule = self.make_rule(without_cohort(without_clock(stored)))
+        rule = self.make_rule(rule_state(stored))
         # Simulated time (hfl.clock): the root's clock, model version and level-1 replies in flight.
         self.timer = None if self.clock is None else NodeTimer(
             self.clock, self.policy, level=0, lowest=False, path="", seed=self.seed, stored=stored, new_call=False,
             start=float(stored.get(f"{CLOCK_PREFIX}time", 0.0)) if stored else 0.0)
         # Per level (str), the rounds of its nodes that merged replies and those that merged nothing (hfl.clock)
         self.merges = json.loads(bytes(stored[MERGES]).decode()) if stored and MERGES in stored else {}
-        self.node = NodeStrategy(self.rule, self.min_fit_fraction, order_key=LEVEL1_INDEX)
+        self.node = NodeStrategy(rule, self.min_fit_fraction, order_key=LEVEL1_INDEX)
+
+    @property
+    def rule(self) -> ServerRule:
+        """The root's rule for this global round (its strategy's)."""
+        return self.node.rule
 
     @property
     def current(self) -> NDArrays:
