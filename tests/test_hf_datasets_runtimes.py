@@ -1,0 +1,47 @@
+"""A Hugging Face dataset on hfl's other runtimes: writers as devices and groups as teams (the
+natural tree of tests/test_hf_datasets.py) trained on Flower's Simulation Runtime (Ray) end as the
+in-process run ends; a run killed mid-way and resumed ends as the uninterrupted one; a deployed
+device builds its own partition only.
+
+The dataset is the one tests/test_hf_datasets.py saves (MNIST test split with a synthetic writer
+and group column, save_to_disk)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("datasets")
+pytest.importorskip("flwr_datasets")
+
+from hfl.runtime.simulate import run  # noqa: E402
+from tests.conftest import compose_cfg  # noqa: E402
+from tests.test_hf_datasets import FAST, GROUPS, WRITERS, digits, natural, saved  # noqa: E402, F401 - fixtures
+from tests.test_resume import assert_same_run  # noqa: E402
+
+ALGORITHMS = {"permfl": [], "bhfl": ["algorithm=bhfl", "algorithm.team_rounds=1"]}
+
+
+def _overrides(path: Path, *extra: str) -> list[str]:
+    """The natural tree as hfl-simulate overrides (what tests/test_hf_datasets.natural composes)."""
+    return ["dataset=huggingface", f"dataset.path={path}", "dataset.partitioner.name=NaturalIdPartitioner",
+            "dataset.columns.natural_id=writer", "dataset.columns.group=group", "topology=sequential",
+            f"topology.num_teams={GROUPS}", "topology.devices_per_team=null", *FAST, *extra]
+
+
+# ---------------------------------------------------------------- Flower's Simulation Runtime (Ray)
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_a_natural_tree_on_ray_equals_the_inprocess_run(saved, tmp_path, algorithm):
+    """Each team node in its Ray actor loads the dataset and makes its writers' devices; the
+    models, every node's and device's stored state and every metrics row equal the in-process
+    run's, bit for bit."""
+    cfg = natural(saved, *FAST, *ALGORITHMS[algorithm], "runtime.batched=off")
+    ray = run({**cfg, "runtime": compose_cfg("runtime=simulation", "runtime.torch_threads=1",
+                                             "runtime.batched=off")["runtime"]}, tmp_path / "ray")
+    inprocess = run(cfg, tmp_path / "inprocess")
+    assert ray["failures"] == 0 and ray["rounds"] == 2
+    assert_same_run(tmp_path / "ray", tmp_path / "inprocess")
+    states = sorted(p.stem for p in (tmp_path / "ray" / "state").glob("[!.]*.npz"))
+    assert len(states) > GROUPS  # the teams' devices' state was stored, and compared
