@@ -8,6 +8,7 @@ and group column, save_to_disk)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -45,3 +46,20 @@ def test_a_natural_tree_on_ray_equals_the_inprocess_run(saved, tmp_path, algorit
     assert_same_run(tmp_path / "ray", tmp_path / "inprocess")
     states = sorted(p.stem for p in (tmp_path / "ray" / "state").glob("[!.]*.npz"))
     assert len(states) > GROUPS  # the teams' devices' state was stored, and compared
+
+
+# ---------------------------------------------------------------- hfl-simulate SIGKILLed mid-run and resumed
+@pytest.mark.parametrize(("algorithm", "runtime"), [
+    ("bhfl", "inprocess"), pytest.param("permfl", "simulation", marks=pytest.mark.slow)])  # Ray: 51 s, two starts
+def test_hfl_simulate_killed_and_resumed_equals_the_uninterrupted_run(saved, tmp_path, algorithm, runtime):
+    """hfl-simulate on the natural tree, 8 global rounds, SIGKILLed (its whole process group: Ray's
+    too) once a round is recorded and a node has stored a later one, then run again with
+    resume=true: bit for bit the uninterrupted in-process run."""
+    from tests.test_resume import _killed_and_resumed
+
+    overrides = _overrides(saved, *ALGORITHMS[algorithm], "global_rounds=8", "eval_every=2", "runtime.batched=off")
+    run_dir = _killed_and_resumed(tmp_path, [*overrides, f"runtime={runtime}", "runtime.torch_threads=1",
+                                             "runtime.batched=off"])
+    run(compose_cfg(*overrides), tmp_path / "whole")
+    assert_same_run(run_dir, tmp_path / "whole")
+    assert np.isfinite(json.loads((run_dir / "summary.json").read_text())["final"]["gm_accuracy"])
