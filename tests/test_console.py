@@ -4,6 +4,7 @@ log file, and the line budget of a whole run (a subprocess, as a user runs it)."
 from __future__ import annotations
 
 import io
+import re
 import logging
 import subprocess
 import sys
@@ -25,14 +26,14 @@ ROOT = Path(__file__).parents[1]
 def test_round_line_three_tiers():
     line = {"round": 3, "pm_accuracy": 0.8187, "pm_loss": 0.6, "level1_accuracy": 0.2559, "team_accuracy": 0.2559,
             "gm_accuracy": 0.2507, "gm_loss": 2.10311, "pm_accuracy_min": 0.1, "seconds": 1.514, "failures": 0}
-    assert round_line(line, 30) == "round  3/30  PM  81.87%  team  25.59%  GM  25.07%  GM loss 2.1031  1.51s"
+    assert round_line(line, 30) == "round  3/30  PM  81.87%  level1  25.59%  GM  25.07%  GM loss 2.1031  1.51s"
 
 
 def test_round_line_deeper_levels_and_other_models_in_tree_order():
     line = {"round": 12, "gm_proxy_accuracy": 0.5, "pflego_accuracy": 0.9, "gm_accuracy": 0.6, "gm_loss": 1.0,
             "level2_accuracy": 0.7, "level1_accuracy": 0.65, "team_accuracy": 0.65, "pm_accuracy": 1.0,
             "seconds": 12.0}
-    assert round_line(line, 100) == ("round  12/100  PM 100.00%  team  65.00%  level2  70.00%  GM  60.00%  "
+    assert round_line(line, 100) == ("round  12/100  PM 100.00%  level1  65.00%  level2  70.00%  GM  60.00%  "
                                      "GM proxy  50.00%  pflego  90.00%  GM loss 1.0000  12.00s")
 
 
@@ -124,7 +125,7 @@ def check_console(proc: subprocess.CompletedProcess, run_dir: Path, rounds: int)
     round_lines = [line for line in console if line.startswith("round ")]
     assert [line.split()[1] for line in round_lines] == [f"{r}/{rounds}" for r in range(1, rounds + 1)]
     for line in round_lines:
-        assert "PM " in line and "team " in line and "GM " in line
+        assert "PM " in line and "level1 " in line and "GM " in line
     # Flower's own lines are in the log file, not on the console.
     log = (run_dir / "simulate.log").read_text()
     for noise in ("[ROUND 1]", "[flwr]"):
@@ -160,3 +161,37 @@ def test_multirun_prints_a_line_per_job(tmp_path):
     ours = [line for line in (proc.stdout + proc.stderr).splitlines() if "[HYDRA]" not in line]
     assert ours == [job_line(load_run(tmp_path / str(job)), job) for job in (0, 1)]
     assert all(f"-> {tmp_path / str(job)}" in ours[job] for job in (0, 1))
+
+
+# ---------------------------------------------------------------- one name per level
+
+
+def test_a_four_tier_run_names_each_level_once_in_console_report_and_hfl_report(tmp_path):
+    """A 4-tier B-HFL run as a user runs it (hfl-simulate, then hfl-report on its folder): every output
+    names the levels alike (PM, level1, level2, GM; bytes per level0..2), never by the 3-tier words
+    (team, global), which named level 1 of any tree and the root's edges before."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "hfl.runtime.simulate", "runtime=inprocess", "algorithm=bhfl",
+                           "topology=tree", "topology.fanout=[2,2,3]", "global_rounds=1", "dataset.max_samples=300",
+                           f"hydra.run.dir={run_dir}"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    console = proc.stdout.splitlines()
+    (line,) = [line for line in console if line.startswith("round ")]
+    assert [word for word in line.split() if not word[0].isdigit()] == ["round", "PM", "level1", "level2", "GM",
+                                                                          "GM", "loss"]
+    table = console[console.index(next(line for line in console if line.startswith("model "))) + 1:]
+    assert [row.split()[0] for row in table[:4]] == ["PM", "level1", "level2", "GM"]
+    (traffic,) = [line for line in console if line.startswith("bytes down/up")]
+    assert [part.split()[0] for part in traffic.split(": ", 1)[1].split(", ")] == ["level0", "level1", "level2"]
+    markdown = (run_dir / "report.md").read_text()
+    rows = [line.split("|")[1].strip() for line in markdown.splitlines() if line.startswith("| ")]
+    assert rows == ["model", "PM", "level1", "level2", "GM", "level", "level0", "level1", "level2"]
+    report = subprocess.run([sys.executable, "-m", "hfl.output.report", str(run_dir), "--out", str(tmp_path / "out")],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert report.returncode == 0, report.stderr
+    header = next(line for line in (tmp_path / "out" / "report.md").read_text().splitlines()
+                  if line.startswith("| algorithm"))
+    assert "level1 final" in header and "level2 final" in header
+    for text in (proc.stdout, report.stdout, header):  # "global round" is the root's round, not a level's name
+        words = set(re.sub(r"global rounds?", "", text).replace("|", " ").replace(",", " ").split())
+        assert not words & {"team", "global", "(team)", "(global)"}, text

@@ -331,10 +331,9 @@ def test_model_levels_choice():
         return [(level.name, level.label) for level in report.model_levels(keys)]
 
     assert names(set()) == []
-    assert names({"round", "seconds", "gm_accuracy"}) == [("GM", "GM (global)")]
-    # 3-tier: team is level1, labelled so
-    assert names({"pm_accuracy", "team_loss", "gm_loss"}) == [
-        ("PM", "PM (personalized)"), ("level1", "level1 (team)"), ("GM", "GM (global)")]
+    assert names({"round", "seconds", "gm_accuracy"}) == [("GM", "GM")]
+    # 3-tier: team is level1, and named so (one name per level in every output)
+    assert names({"pm_accuracy", "team_loss", "gm_loss"}) == [("PM", "PM"), ("level1", "level1"), ("GM", "GM")]
     # depth 4 and deeper: depths in numeric order, level1 keys win the label, GM proxy last
     assert [name for name, _ in names({"gm_proxy_accuracy", "level10_loss", "level2_accuracy", "team_accuracy",
                                        "level1_accuracy", "gm_accuracy", "pm_loss", "level0_accuracy"})] == [
@@ -379,8 +378,7 @@ def test_level_final_prefers_summary_then_last_line(tmp_path):
 def test_levels_figure_has_an_axis_per_level(tmp_path):
     rows = report.group_runs(report.collect_runs([make_depth4(tmp_path)]))[("synthetic", "mclr")]
     levels = report.group_levels(rows)
-    assert [level.label for level in levels] == ["PM (personalized)", "level1", "level2", "GM (global)",
-                                                 "GM proxy (root's proxy set)"]
+    assert [level.label for level in levels] == ["PM", "level1", "level2", "GM", "GM proxy"]
     fig = report.levels_figure(rows, levels, "accuracy", 100.0, "test accuracy (%)", "title")
     assert [ax.get_title() for ax in fig.axes] == [f"{level.label} accuracy" for level in levels]
     level1_ax, level2_ax = fig.axes[1], fig.axes[2]

@@ -50,11 +50,11 @@ def test_a_finished_run_has_its_plots_and_report(tmp_path):
     models = lines[lines.index("| model | final | best | best round |") + 2:]
     models = [[cell.strip() for cell in line.split("|")[1:-1]] for line in models[:models.index("")]]
     # every level in tree order, then the others: final, best, best round
-    assert models == [["PM (personalized)", "80.00", "80.00", "3"], ["level1 (team)", "45.00", "45.00", "3"],
-                      ["level2", "50.00", "50.00", "3"], ["GM (global)", "50.00", "50.00", "3"],
-                      ["GM proxy (root's proxy set)", "25.00", "25.00", "1"],
+    assert models == [["PM", "80.00", "80.00", "3"], ["level1", "45.00", "45.00", "3"],
+                      ["level2", "50.00", "50.00", "3"], ["GM", "50.00", "50.00", "3"],
+                      ["GM proxy", "25.00", "25.00", "1"],
                       ["pflego", "60.00", "70.00", "2"]]  # pflego: best at round 2, not the last
-    assert "| global | 30 B | 15 B |" in markdown
+    assert "| level0 | 30 B | 15 B |" in markdown
     assert "| level1 | 6 kB | 3 kB |" in markdown and "| level2 | 900 kB | 600 kB |" in markdown
     assert "Seconds per round: 0.50" in markdown
 
@@ -68,7 +68,7 @@ def test_the_plots_have_a_line_per_level(tmp_path):
     lines = {line.get_label(): list(line.get_ydata()) for line in ax.lines}
     assert list(lines) == [level.label for level in levels]
     assert lines["pflego"] == pytest.approx([60, 70, 60])
-    assert lines["level1 (team)"] == pytest.approx([35, 40, 45])
+    assert lines["level1"] == pytest.approx([35, 40, 45])
 
 
 def test_summary_has_every_accuracy_key(tmp_path):

@@ -6,6 +6,7 @@ Each test skips, naming the reason, where its binary is absent."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,18 @@ def wait_for(what: str, probe: Callable[[], Any], proc: subprocess.Popen, log: P
 # ---------------------------------------------------------------- TensorBoard
 
 
+def assert_one_name_per_level(tags: Iterable[str]) -> None:
+    """Levels named as the console and the reports name them (pm, level<d>, gm), never by the 3-tier words
+    (team, global), and no figure under two names (team_* beside level1_*)."""
+    tags = list(tags)
+    assert not [tag for tag in tags if "team" in tag or "global" in tag], tags
+    levels = {tag.split("/", 1)[1] for tag in tags if not tag.startswith(("time/", "other/", "failures/all",
+                                                                         "failures/evaluation"))}
+    assert levels and all(level in ("pm", "gm", "gm_proxy") or re.fullmatch(r"level[0-9]+", level)
+                          for level in levels), levels
+    assert {"pm", "level0", "level1", "gm"} <= levels
+
+
 def test_tensorboard_default_invocation_shows_every_curve_of_a_sweep(tmp_path):
     tensorboard = binary("tensorboard")
     sweep = tmp_path / "multirun"
@@ -112,6 +125,7 @@ def test_tensorboard_default_invocation_shows_every_curve_of_a_sweep(tmp_path):
             assert sorted(tags[name]) == sorted(curves), name
             assert {"accuracy/pm", "accuracy/gm", "accuracy/level1", "loss/pm", "bytes_up/level1",
                     "time/seconds"} <= set(curves)
+            assert_one_name_per_level(tags[name])
             for tag, points in curves.items():
                 query = urllib.parse.urlencode({"run": name, "tag": tag})
                 served = [(step, value) for _, step, value in get(f"{base}/data/plugin/scalars/scalars?{query}")]
@@ -165,12 +179,17 @@ def test_mlflow_ui_serves_every_metric_of_a_run(tmp_path):
             params = {p["key"]: p["value"] for p in data["params"]}
             assert params["logger.experiment_name"] == experiment and params["algorithm.name"] == "permfl"
             rows = metrics_rows(run_dir)
-            keys = sorted({key for row in rows for key in tracking.numeric_fields(row)})
-            assert len(keys) > 30 and sorted(m["key"] for m in data["metrics"]) == keys, experiment
-            for key in keys:
+            expected: dict[str, list[tuple[int, float]]] = {}
+            for row in rows:
+                for tag, value in tracking.tracker_scalars(row).items():
+                    expected.setdefault(tag, []).append((row["round"], float(value)))
+            # named as TensorBoard names them: one name per level, each figure once
+            assert len(expected) > 25 and sorted(m["key"] for m in data["metrics"]) == sorted(expected), experiment
+            assert_one_name_per_level(expected)
+            for key, want in expected.items():
                 query = urllib.parse.urlencode({"run_id": info["run_id"], "metric_key": key})
                 history = get(f"{base}/api/2.0/mlflow/metrics/get-history?{query}")["metrics"]
                 served = sorted((int(m["step"]), float(m["value"])) for m in history)
-                assert served == [(row["round"], float(row[key])) for row in rows if key in row], (experiment, key)
+                assert served == want, (experiment, key)
             artifacts = get(f"{base}/api/2.0/mlflow/artifacts/list?run_id={info['run_id']}").get("files", [])
             assert {"accuracy.png", "report.md", "summary.json"} <= {a["path"] for a in artifacts}, experiment

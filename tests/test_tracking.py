@@ -29,7 +29,8 @@ from tests.test_resume import Killed, _killed_at
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [*SMALL, "runtime=inprocess", "global_rounds=2"]
-TIMING = ("seconds", "compute_seconds")
+TIMING_KEYS = ("seconds", "compute_seconds")  # metrics.jsonl's wall-clock figures
+TIMING = ("time/seconds", "time/compute_seconds")  # their tracker names
 
 
 def metrics_rows(run_dir: Path) -> list[dict]:
@@ -60,7 +61,7 @@ def test_the_default_is_none_and_every_option_extends_its_schema():
 
 
 def test_tensorboard_tags_group_each_figure_by_level_once():
-    assert {key: tracking.tensorboard_tag(key) for key in (
+    assert {key: tracking.tracker_tag(key) for key in (
         "pm_accuracy", "gm_loss", "level2_accuracy_min", "pm_client_mean_accuracy", "gm_client_mean_accuracy_ci_low",
         "level1_eval_devices", "fit_test_accuracy", "bytes_down_level0", "failures_level2", "late_level1", "seconds",
         "failures", "evaluation_failures", "sim_time", "per.a")} == {
@@ -74,11 +75,11 @@ def test_tensorboard_tags_group_each_figure_by_level_once():
     row = {"round": 1, "level1_accuracy": 0.5, "team_accuracy": 0.5, "pm_client_mean_accuracy": 0.7,
            "client_mean_accuracy": 0.7, "bytes_up_global": 3, "bytes_up_level0": 3, "bytes_up_team": 9,
            "bytes_up_level1": 4, "bytes_up_level2": 5, "team_loss": None}
-    assert tracking.tensorboard_scalars(row) == {"accuracy/level1": 0.5, "client_mean_accuracy/pm": 0.7,
+    assert tracking.tracker_scalars(row) == {"accuracy/level1": 0.5, "client_mean_accuracy/pm": 0.7,
                                                  "bytes_up/level0": 3, "bytes_up/level1": 4, "bytes_up/level2": 5}
-    # a key whose twin the row lacks is kept
-    assert tracking.tensorboard_scalars({"round": 1, "team_accuracy": 0.5, "bytes_up_team": 2}) == {
-        "accuracy/team": 0.5, "other/bytes_up_team": 2}
+    # a key whose twin the row lacks is kept, under its level's name
+    assert tracking.tracker_scalars({"round": 1, "team_accuracy": 0.5, "bytes_up_global": 1, "bytes_up_team": 2}) == {
+        "accuracy/level1": 0.5, "bytes_up/level0": 1, "other/bytes_up_team": 2}
 
 
 def test_a_sweep_job_is_named_by_the_keys_its_command_line_sweeps():
@@ -171,7 +172,7 @@ def expected_scalars(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
     """TensorBoard tag -> [(round, value as float32)] of these metrics.jsonl rows."""
     expected: dict[str, list[tuple[int, float]]] = {}
     for row in rows:
-        for tag, value in tracking.tensorboard_scalars(row).items():
+        for tag, value in tracking.tracker_scalars(row).items():
             expected.setdefault(tag, []).append((row["round"], as_float32(value)))
     return expected
 
@@ -237,7 +238,7 @@ def test_a_tracker_failing_mid_run_warns_once_and_leaves_the_run_alone(tmp_path,
     assert scalars(read_events(tmp_path / "tracked" / "tensorboard"), "accuracy/pm")[0][0] == 1
     # the same rows as a run without any logger (but for the wall clock)
     run(compose_cfg(*TINY, "global_rounds=4"), tmp_path / "plain")
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]  # noqa: E731
     assert strip(metrics_rows(tmp_path / "tracked")) == strip(metrics_rows(tmp_path / "plain"))
 
 
@@ -278,12 +279,16 @@ def mlflow_db(tmp_path_factory):  # noqa: ANN001, ANN201
 
 
 def assert_run_holds(client, run_id: str, run_dir: Path, skip_timing_of: tuple[int, ...] = ()) -> None:  # noqa: ANN001
+    """The MLflow run holds every figure of every metrics.jsonl row, named as TensorBoard names it, once."""
     rows = metrics_rows(run_dir)
-    keys = {key for row in rows for key in tracking.numeric_fields(row)}
-    assert len(keys) > 30
-    for key in keys:
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for row in rows:
+        for tag, value in tracking.tracker_scalars(row).items():
+            expected.setdefault(tag, []).append((row["round"], float(value)))
+    assert len(expected) > 25 and {"accuracy/pm", "accuracy/level1", "bytes_up/level0", "time/seconds"} <= set(expected)
+    assert sorted(client.get_run(run_id).data.metrics) == sorted(expected)  # no team_*, *_global beside them
+    for key, want in expected.items():
         history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
-        want = [(row["round"], float(row[key])) for row in rows if key in row]
         assert [step for step, _ in history] == [step for step, _ in want], key  # each round once
         if key in TIMING:
             history = [h for h in history if h[0] not in skip_timing_of]

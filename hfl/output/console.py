@@ -38,7 +38,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hfl.output.report import CLIENT_MEAN, Level, Run, final_value, first_value, model_levels
-from hfl.output.run_report import human_bytes, level_results, run_title, traffic_rows
+from hfl.output.run_report import TRAFFIC_TEXT, human_bytes, level_results, run_title, traffic_rows
 
 ROUND = "hfl_round"  # the global round a record ends
 SHOW = "hfl_show"  # "run" | "multirun" | "file": where a record appears besides the log file
@@ -50,15 +50,16 @@ RUN_FILES = ("metrics.jsonl", "summary.json", "report.md", "accuracy.png", "loss
 
 
 def short_label(level: Level) -> str:
-    """PM, team (level1), level2, ..., GM, GM proxy, any other model by its name."""
-    return "team" if level.depth == 1 else level.name
+    """PM, level1, level2, ..., GM, GM proxy, any other model by its name: the names report.md,
+    hfl-report and the trackers use."""
+    return level.name
 
 
 def round_line(line: Mapping, num_rounds: int) -> str:
     """The console line of an evaluated round (a metrics.jsonl line): every model level's
     accuracy from the devices up, the GM loss (PM loss without a GM) and the round's seconds.
 
-    ``round  3/30  PM  81.87%  team  25.59%  GM  25.07%  GM loss 2.1031  1.51s``"""
+    ``round  3/30  PM  81.87%  level1  25.59%  GM  25.07%  GM loss 2.1031  1.51s``"""
     parts = [f"round {line['round']:>{len(str(num_rounds))}}/{num_rounds}"]
     for level in model_levels(key for key, value in line.items() if value is not None):
         accuracy = first_value(line, level.keys("accuracy"))
@@ -73,6 +74,11 @@ def round_line(line: Mapping, num_rounds: int) -> str:
         parts.append(f"tested on {max(tested):,} devices")
     parts.append(f"{float(line.get('seconds') or 0):.2f}s")
     return "  ".join(parts)
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 global round``, ``2 global rounds``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def shown_path(path: Path) -> str:
@@ -102,10 +108,10 @@ def client_means(run: Run, level: Level) -> tuple[float | None, float | None]:
 def summary_renderable(run: Run, log_file: Path | None) -> RenderableType:
     """The end-of-run summary, a few lines: what ran and how fast, final and best accuracy
     per model level (and, where the run reports them, the levels' client means: the devices'
-    accuracies averaged unweighted), bytes per tier, where the outputs are."""
+    accuracies averaged unweighted), bytes per level, where the outputs are."""
     summary = run.summary
     per_round = summary.get("seconds_per_round")
-    title = (f"{run_title(run)}, {summary.get('rounds')} global rounds: "
+    title = (f"{run_title(run)}, {plural(summary.get('rounds') or 0, 'global round')}: "
              f"{'—' if per_round is None else f'{per_round:.2f}'} s per round (median after the first), "
              f"{summary.get('total_seconds', 0):.1f} s in all, {summary.get('failures', 0)} failures")
     table = Table(box=None, pad_edge=False, header_style="bold")
@@ -120,8 +126,8 @@ def summary_renderable(run: Run, log_file: Path | None) -> RenderableType:
         cells = [short_label(result.level), _percent(result.final), _percent(result.best),
                  "—" if result.best_round is None else str(result.best_round)]
         table.add_row(*cells, *([_percent(mean_final), _percent(mean_best)] if shown_means else []))
-    traffic = "bytes down/up: " + ", ".join(f"{tier} {human_bytes(down)} / {human_bytes(up)}"
-                                           for tier, down, up in traffic_rows(summary))
+    traffic = f"bytes down/up {TRAFFIC_TEXT}: " + ", ".join(
+        f"{level} {human_bytes(down)} / {human_bytes(up)}" for level, down, up in traffic_rows(summary))
     files = [name for name in RUN_FILES if (run.path / name).exists()]
     if log_file is not None and log_file.exists():
         files.append(log_file.name)

@@ -9,11 +9,13 @@ aggregated. Writes ``OUT/report.md`` with one table per dataset/model (the conso
 summary: where the report went and each row's final PM and GM) and, per dataset/model, ``<dataset>_<model>_accuracy.png`` and
 ``<dataset>_<model>_loss.png`` with one panel per model level per global round.
 
-Model levels: PM (the devices' personal models, ``pm_*`` in metrics.jsonl), the inner
-servers' models of each depth d >= 1 (``level{d}_*``; ``team_*`` is level 1, the teams of
-a 3-tier run), GM (the root's model, ``gm_*``), GM proxy (the root's model on its proxy
-test set, ``gm_proxy_*``) and any other model an algorithm evaluates (``<name>_accuracy``,
-e.g. ``pflego_accuracy``). Any of them may be absent or null in a line.
+Model levels, named alike in every output (console, report.md, hfl-report, the trackers): PM
+(the devices' personal models, ``pm_*`` in metrics.jsonl), ``level<d>`` for the inner servers'
+models of each depth d >= 1 (``level{d}_*``; metrics.jsonl's ``team_*`` repeats ``level1_*``, the
+teams of a 3-tier run, and is read where a run lacks ``level1_*``), GM (the root's model, level 0:
+``gm_*``), GM proxy (the root's model on its proxy test set, ``gm_proxy_*``) and any other model an
+algorithm evaluates (``<name>_accuracy``, e.g. ``pflego_accuracy``). Any of them may be absent or
+null in a line.
 
 hfl-simulate draws every run with these helpers (hfl.output.run_report): ``accuracy.png``,
 ``loss.png`` (a line per model level) and ``report.md`` in the run directory.
@@ -45,7 +47,7 @@ Conventions:
   columns, read from summary.json as the PM ones are. Each level's own client mean
   (``<level>_client_mean_accuracy``) is a figure of that level, not a model level: no panel.
 * Inner levels: a table gets a "level{d} final" column per depth d that some of its runs
-  report (team as level1): each run's value at its last evaluated round (summary.json's
+  report (``team_*`` as level1): each run's value at its last evaluated round (summary.json's
   "final" where it has it, else the last metrics.jsonl line). Tables whose runs report no
   inner level have no such column.
 * Plots: one panel per model level that some run of the dataset/model reports, in the
@@ -128,9 +130,12 @@ class Level:
         return tuple(f"{prefix}_{quantity}" for prefix in self.prefixes)
 
 
-PM = Level("PM", "PM (personalized)", ("pm",))
-GM = Level("GM", "GM (global)", ("gm",))
-GM_PROXY = Level("GM proxy", "GM proxy (root's proxy set)", ("gm_proxy",))
+PM = Level("PM", "PM", ("pm",))
+GM = Level("GM", "GM", ("gm",))
+GM_PROXY = Level("GM proxy", "GM proxy", ("gm_proxy",))
+# What the names mean, said once where a reader meets them (report.md), with the paper's 3-tier word.
+LEVEL_KEY_TEXT = ("PM: the devices' personalized models; level<d>: the models of the servers at depth d "
+                  "(level1: the teams of a three-tier tree); GM: the root's global model (level 0)")
 # Not a model level: the PM accuracies' unweighted mean over devices (FeMAM's figure); accuracy only.
 CLIENT_MEAN_PANEL = Level("client mean", "PM client mean (unweighted over devices)", ("client_mean",))
 LEVEL_KEY = re.compile(r"(pm|gm|gm_proxy|team|level([1-9][0-9]*))_(?:accuracy|loss)")
@@ -143,15 +148,14 @@ OTHER_MODEL_KEY = re.compile(r"(?!level[0-9])(?!(?:[a-z0-9_]*_)?client_mean_accu
 def model_levels(keys: Iterable[str]) -> list[Level]:
     """The model levels that these metric names (those with a value) show, in the order
     PM, level1, level2, ..., GM, GM proxy, then any other ``<name>_accuracy`` by name.
-    team_* is level1: labelled "level1 (team)" when no level1_* name is among the keys,
-    and the fallback of a run without level1_*."""
+    team_* is level1 (named level1 alike), the fallback of a run without level1_*."""
     keys = set(keys)
     prefixes = {match.group(1) for key in keys if (match := LEVEL_KEY.fullmatch(key))}
     depths = {int(prefix.removeprefix("level")) for prefix in prefixes if prefix.startswith("level")}
     if "team" in prefixes:
         depths.add(1)
-    inner = [Level(f"level{d}", "level1 (team)" if d == 1 and "level1" not in prefixes else f"level{d}",
-                   ("level1", "team") if d == 1 else (f"level{d}",), d) for d in sorted(depths)]
+    inner = [Level(f"level{d}", f"level{d}", ("level1", "team") if d == 1 else (f"level{d}",), d)
+             for d in sorted(depths)]
     known = {"pm", "gm", "gm_proxy", "team"}
     others = sorted({match.group(1) for key in keys if (match := OTHER_MODEL_KEY.fullmatch(key))} - known)
     return ([level for level in (PM,) if level.prefixes[0] in prefixes] + inner

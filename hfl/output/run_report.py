@@ -1,6 +1,6 @@
 """One run's own report, which hfl-simulate writes at the end of every run: ``accuracy.png``,
 ``loss.png`` (a line per model level) and ``report.md`` (config, final/best per level, seconds,
-bytes per tier) in the run directory. Reads runs and draws with hfl.output.report's helpers."""
+bytes per level) in the run directory. Reads runs and draws with hfl.output.report's helpers."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hfl.output.report import (
     DASH,
+    LEVEL_KEY_TEXT,
     timed,
     GM,
     PM,
@@ -54,9 +55,8 @@ class LevelResult:
 
 
 def run_levels(run: Run) -> list[Level]:
-    """The run's model levels; level1 labelled as the team it is named after (team_* keys)."""
-    return [Level(level.name, "level1 (team)", level.prefixes, 1) if level.depth == 1 else level
-            for level in model_levels(present_keys([run]))]
+    """The run's model levels (PM, level1, ..., GM, ...)."""
+    return model_levels(present_keys([run]))
 
 
 def level_results(run: Run) -> list[LevelResult]:
@@ -74,19 +74,18 @@ def level_results(run: Run) -> list[LevelResult]:
 TRAFFIC_KEY = re.compile(r"total_bytes_(?:down|up)_level([0-9]+)")
 
 
+# What a traffic row is, where its numbers are shown.
+TRAFFIC_TEXT = "between each level's servers and their children"
+
+
 def traffic_rows(summary: dict) -> list[tuple[str, int, int]]:
-    """(tier, bytes down, bytes up) over the run, per edge level: "global" = the root's edges,
-    level{d} = the edges below the servers at depth d ("team" when those are the lowest
-    servers of a three-tier tree)."""
+    """(level, bytes down, bytes up) over the run: ``level<d>`` = what the servers at depth d sent
+    to their children and received from them (level0: the root's edges), as the models are named."""
     depths = sorted({int(match.group(1)) for key in summary if (match := TRAFFIC_KEY.fullmatch(key))})
-    if not depths:  # a summary without per-level counters: the two tiers
-        return [(tier, int(summary.get(f"total_bytes_down_{tier}", 0)), int(summary.get(f"total_bytes_up_{tier}", 0)))
-                for tier in ("global", "team")]
-
-    def name(depth: int) -> str:
-        return "global" if depth == 0 else "team" if depth == 1 == depths[-1] else f"level{depth}"
-
-    return [(name(d), int(summary.get(f"total_bytes_down_level{d}", 0)),
+    if not depths:  # a summary of before per-level counters: the root's edges, then every edge below summed
+        return [(name, int(summary.get(f"total_bytes_down_{tier}", 0)), int(summary.get(f"total_bytes_up_{tier}", 0)))
+                for name, tier in (("level0", "global"), ("level1+", "team"))]
+    return [(f"level{d}", int(summary.get(f"total_bytes_down_level{d}", 0)),
              int(summary.get(f"total_bytes_up_level{d}", 0))) for d in depths]
 
 
@@ -179,7 +178,7 @@ def run_markdown(run: Run, plots: Sequence[str], warnings: Sequence[str] = ()) -
     if (clock := clock_line(config)) is not None:
         parts.append(clock)
     parts += ["", "Test accuracy in % (pooled over devices); final = the last evaluated round, "
-              "best = the best evaluated round.", "",
+              f"best = the best evaluated round. {LEVEL_KEY_TEXT}.", "",
               "| model | final | best | best round |", "|:---|---:|---:|---:|"]
     for result in level_results(run):
         parts.append(f"| {result.level.label} | {_percent(result.final)} | {_percent(result.best)} | "
@@ -188,8 +187,9 @@ def run_markdown(run: Run, plots: Sequence[str], warnings: Sequence[str] = ()) -
     parts += ["", f"Seconds per round: {DASH if per_round is None else f'{per_round:.2f}'} (median over the rounds "
               f"after the first); total {run.summary.get('total_seconds', 0):.1f} s; "
               f"failures: {run.summary.get('failures', 0)}.", "",
-              "| tier | bytes down | bytes up |", "|:---|---:|---:|"]
-    parts += [f"| {tier} | {human_bytes(down)} | {human_bytes(up)} |" for tier, down, up in traffic_rows(run.summary)]
+              f"Model bytes {TRAFFIC_TEXT}:", "",
+              "| level | bytes down | bytes up |", "|:---|---:|---:|"]
+    parts += [f"| {level} | {human_bytes(down)} | {human_bytes(up)} |" for level, down, up in traffic_rows(run.summary)]
     if warnings:
         parts += ["", "## Warnings", "", *(f"- {text}" for text in warnings)]
     for name in plots:

@@ -2,9 +2,9 @@
 ``tensorboard`` or ``mlflow``.
 
 A tracker run per hfl run (per Hydra job under ``-m``) gets the run's config (flattened, as
-parameters), every numeric field of every metrics.jsonl row at step = its global round (MLflow:
-named as in metrics.jsonl; TensorBoard: grouped as ``<stat>/<level>``, each figure once, see
-``tensorboard_tag``), and at the end the run's accuracy.png, loss.png and report.md. The backends
+parameters), every numeric field of every metrics.jsonl row at step = its global round, named
+alike in both trackers: grouped as ``<stat>/<level>`` with the levels named as the console and the
+reports name them (pm, level1, ..., gm), each figure once (``tracker_tag``, ``repeats``), and at the end the run's accuracy.png, loss.png and report.md. The backends
 import their libraries only when chosen: ``logger=none`` needs neither.
 
 Before training (``hfl.runtime.simulate.run``): ``open_tracker`` imports the backend's library
@@ -218,7 +218,7 @@ def guarded(tracker: Any) -> Guarded | None:
     return Guarded(tracker)
 
 
-# ------------------------------------------------------------------------- TensorBoard
+# ------------------------------------------------------------------------- names
 # A metrics.jsonl key <level>_<stat> (pm_accuracy, level1_loss_..., gm_accuracy_min) is the tag <stat>/<level>:
 # TensorBoard groups tags by what precedes the "/", so each chart group compares the levels of one figure.
 # Longest first: pm_client_mean_accuracy is client_mean_accuracy/pm, not accuracy/pm_client_mean.
@@ -249,13 +249,18 @@ def repeats(key: str, present: Mapping[str, Any]) -> bool:
     return False
 
 
-def tensorboard_tag(key: str) -> str:
-    """The TensorBoard tag of metrics.jsonl's ``key``: ``<stat>/<level>`` for a model level's figure
-    (``accuracy/pm``, ``loss/level1``, ``client_mean_accuracy/gm``), ``<counter>/level<d>`` for a
-    per-edge-level counter (``bytes_down/level0``), ``time/*`` and ``failures/*`` for the round's own
-    (``time/seconds``, ``failures/all``), ``other/<key>`` for anything else."""
+def tracker_tag(key: str) -> str:
+    """The tracker's name (TensorBoard tag, MLflow metric) of metrics.jsonl's ``key``: ``<stat>/<level>``
+    for a model level's figure (``accuracy/pm``, ``loss/level1``, ``client_mean_accuracy/gm``; ``team_*``
+    is level1's), ``<counter>/level<d>`` for a per-level counter (``bytes_down/level0``: sent by the
+    servers at depth d; ``bytes_*_global`` is level0's), ``time/*`` and ``failures/*`` for the round's
+    own (``time/seconds``, ``failures/all``), ``other/<key>`` for anything else."""
     if key in OWN_TAGS:
         return OWN_TAGS[key]
+    if key.startswith("team_"):  # the 3-tier name of level 1 (hfl.node.evaluation.pool_evaluations)
+        key = "level1_" + key[len("team_"):]
+    if key in ("bytes_down_global", "bytes_up_global"):
+        key = key.replace("_global", "_level0")
     edge = PER_EDGE_LEVEL.fullmatch(key)
     if edge:
         return f"{edge.group(1)}/level{edge.group(2)}"
@@ -266,10 +271,10 @@ def tensorboard_tag(key: str) -> str:
     return f"other/{key}"
 
 
-def tensorboard_scalars(row: Mapping) -> dict[str, float]:
-    """A metrics.jsonl row's numbers by TensorBoard tag, each figure once (``repeats``)."""
+def tracker_scalars(row: Mapping) -> dict[str, float]:
+    """A metrics.jsonl row's numbers by tracker name, each figure once (``repeats``)."""
     numbers = numeric_fields(row)
-    return {tensorboard_tag(key): value for key, value in numbers.items() if not repeats(key, numbers)}
+    return {tracker_tag(key): value for key, value in numbers.items() if not repeats(key, numbers)}
 
 
 def last_step(paths: Sequence[Path], tags: Sequence[str]) -> int:
@@ -284,15 +289,16 @@ def last_step(paths: Sequence[Path], tags: Sequence[str]) -> int:
 
 # The HParams dashboard lists these beside the config (the scalars of the same run).
 HPARAM_METRICS = ("accuracy/pm", "accuracy/gm", "loss/pm", "loss/gm")
-# The round's seconds, by which a resumed run finds the last round its folder has ("seconds": before
+# The round's seconds, by which a resumed run finds the last round its tracker has ("seconds": before
 # tags were grouped).
 SECONDS_TAGS = ("time/seconds", "seconds")
 
 
+# ------------------------------------------------------------------------- TensorBoard
 class TensorBoardTracker:
     """Event files in ``logger.log_dir`` (null: ``<run dir>/tensorboard``; else
     ``<log_dir>/<run_label>``): every numeric field as a scalar at step = global round, tagged by
-    ``tensorboard_tag`` and each figure once (``repeats``), the config as text (``config``) and
+    ``tracker_tag`` and each figure once (``repeats``), the config as text (``config``) and
     hparams, and at the end the plots as images and report.md as text.
 
     Scalars are 32-bit floats: TensorBoard's default loader (the Rust data server, ``--load_fast``)
@@ -352,7 +358,7 @@ class TensorBoardTracker:
         if step <= self.logged:
             return
         self.step = step
-        for tag, value in tensorboard_scalars(row).items():
+        for tag, value in tracker_scalars(row).items():
             self.writer.add_scalar(tag, value, step, new_style=True)  # float32: see the class's note
 
     def log_round(self, row: Mapping) -> None:
@@ -422,7 +428,7 @@ class MlflowTracker:
     MLflow's default, ``sqlite:///mlflow.db`` in the working directory), in experiment
     ``logger.experiment_name``, named ``logger.run_name`` (null: ``run_label``): the config as
     parameters (and as the artifact config.json), every numeric field as a metric at step =
-    global round, the run's directory and algorithm/dataset/model as tags, and at the end
+    global round (named by ``tracker_tag``, each figure once, as in TensorBoard), the run's directory and algorithm/dataset/model as tags, and at the end
     accuracy.png, loss.png, report.md and summary.json as artifacts. Uses MLflow's client
     alone (no global active run), so the jobs of one process never share a run."""
 
@@ -495,7 +501,8 @@ class MlflowTracker:
         resumed = self._resumable() if cfg["resume"] else None
         if resumed is not None:
             self.run_id = resumed
-            logged = max((m.step for m in self.client.get_metric_history(resumed, "seconds")), default=0)
+            logged = max((m.step for tag in SECONDS_TAGS for m in self.client.get_metric_history(resumed, tag)),
+                         default=0)
             self.client.update_run(resumed, status="RUNNING")
             # A round the killed run logged after its last checkpoint runs again: its metrics are logged
             # once (the first time; a resumed run repeats them but for the wall-clock seconds).
@@ -529,7 +536,7 @@ class MlflowTracker:
         if step <= self.logged:
             return
         # NaN and infinities too: MLflow stores them (infinities as the largest doubles)
-        metrics = [Metric(key, float(value), stamp, step) for key, value in numeric_fields(row).items()]
+        metrics = [Metric(key, float(value), stamp, step) for key, value in tracker_scalars(row).items()]
         for i in range(0, len(metrics), METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + METRICS_PER_BATCH])
 

@@ -210,9 +210,10 @@ def _run_locked(cfg: dict, run_dir: Path, fed, tracker, tracked: dict,  # noqa: 
     if warning:
         log.warning("hfl: %s", warning)
     cfg["runtime"]["state_dir"] = str(state)
-    log.info("hfl: %s on %s/%s, a tree of depth %d with %d level-1 nodes and %d devices, %d global rounds -> %s",
+    log.info("hfl: %s on %s/%s, a tree of depth %d with %d level-1 nodes and %d devices, %s -> %s",
              cfg["algorithm"]["name"], cfg["dataset"]["name"], cfg["model"]["name"], fed.tree.depth, len(fed.tree.children("")),
-             len(fed.devices), cfg["global_rounds"], console.shown_path(run_dir), extra={console.SHOW: "run"})
+             len(fed.devices), console.plural(cfg["global_rounds"], "global round"), console.shown_path(run_dir),
+             extra={console.SHOW: "run"})
     state.mkdir(parents=True, exist_ok=True)
     started = tracking.begin(tracker, tracked, start.recorder["lines"] if start is not None else ())
     try:
