@@ -63,3 +63,26 @@ def test_hfl_simulate_killed_and_resumed_equals_the_uninterrupted_run(saved, tmp
     run(compose_cfg(*overrides), tmp_path / "whole")
     assert_same_run(run_dir, tmp_path / "whole")
     assert np.isfinite(json.loads((run_dir / "summary.json").read_text())["final"]["gm_accuracy"])
+
+
+# ---------------------------------------------------------------- a deployed device's own partition
+def test_a_deployed_device_makes_its_own_partition_only(saved, tmp_path):
+    """A device SuperNode's ClientApp (hfl.deploy.device.partition) loads the pool and runs the
+    partitioner, but makes the tensors of its own writer alone; they equal that device's data in
+    the in-process federation, and the next message reads them from its state folder."""
+    from hfl.deploy.device import partition
+    from hfl.runtime import build
+
+    cfg = natural(saved, *FAST, "seed=11")
+    build._federation.cache_clear()  # noqa: SLF001 - a process of its own, as a device host is
+    data, num_classes, input_shape, _ = partition(cfg, 5, tmp_path)
+    fed = build.federation_for(cfg)
+    assert fed.devices.made == 1 and len(fed.devices) == WRITERS  # writer 5's device, of 12
+    assert (num_classes, input_shape) == (10, (1, 28, 28))
+    build._federation.cache_clear()  # noqa: SLF001
+    again, *_ = partition(cfg, 5, tmp_path)  # from tmp_path/partition-5.npz: no federation built
+    assert build._federation.cache_info().currsize == 0  # noqa: SLF001
+    whole = build.build_federation(cfg["dataset"], cfg["topology"], cfg["seed"])
+    for got in (data, again):
+        for split in ("x_train", "y_train", "x_test", "y_test"):
+            np.testing.assert_array_equal(getattr(got, split).numpy(), getattr(whole.devices[5], split).numpy())

@@ -21,6 +21,7 @@ other datasets never pay for them.
 from __future__ import annotations
 
 import inspect
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,9 +77,13 @@ def load(cfg: Mapping) -> Any:
             raise ConfigError("dataset.hub", f"cannot load {hub!r} ({_one_line(exc)}); {_hub_hint(str(hub))}") from exc
     where = Path(str(path)).expanduser()
     if not where.exists():
-        raise ConfigError("dataset.path", f"{where} does not exist (relative paths resolve against the working "
-                                          "directory): a datasets save_to_disk folder, parquet/arrow/csv/json files "
-                                          "or a folder of images")
+        # Named absolute and with the host: on a deployment every host loads the dataset itself, a
+        # relative path from its own working directory, so the submitter's folder may be no host's.
+        relative = "" if where.is_absolute() else f" ({str(where)!r} from the working directory {Path.cwd()})"
+        raise ConfigError("dataset.path", f"{where.absolute()} does not exist on {socket.gethostname()}{relative}: "
+                                          "give a datasets save_to_disk folder, parquet/arrow/csv/json files or a "
+                                          "folder of images that every process loading the data reaches (on a "
+                                          "deployment: every host, best by an absolute path)")
     try:
         if where.is_dir() and any((where / f).exists() for f in ("dataset_info.json", "dataset_dict.json", "state.json")):
             return datasets.load_from_disk(str(where))
