@@ -35,7 +35,8 @@ from hfl.tree import formation as topology
 SOURCE = "huggingface"
 ROW = "__hfl_row__"  # a pool row's index, added for the partitioner so its partitions name their rows
 NATURAL = ("NaturalIdPartitioner", "GroupedNaturalIdPartitioner")  # devices from the data, not the topology
-COLUMNS = ("image", "features", "label", "natural_id", "group")
+COLUMNS = ("image", "features", "text", "label", "natural_id", "group")
+TEXT_ENCODINGS = ("hashing", "chars")
 _FILE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv", ".json": "json", ".jsonl": "json"}
 
 
@@ -138,7 +139,7 @@ def _stack(values: Any, key: str) -> np.ndarray:
         except ValueError as exc:
             raise ConfigError(key, f"its rows differ in shape ({_one_line(exc)}); give inputs of one size") from exc
     if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
-        raise ConfigError(key, f"holds {arr.dtype} values; hfl reads numbers or images (text is not supported yet)")
+        raise ConfigError(key, f"holds {arr.dtype} values; hfl reads numbers or images (a text column: dataset.columns.text)")
     return arr
 
 
@@ -188,11 +189,13 @@ def load_pool(cfg: Mapping) -> Pool:
         for c in ([given] if isinstance(given, str) else given or []):
             check_column(ds, f"dataset.columns.{name}", c)
     label, image, features = column(cfg, "label"), column(cfg, "image"), column(cfg, "features")
+    text = column(cfg, "text")
     if not label:
         raise ConfigError("dataset.columns.label", "is required: the column holding each row's class")
-    if (image is None) == (features is None):
+    if sum(c is not None for c in (image, features, text)) != 1:
         raise ConfigError("dataset.columns.image", "give exactly one of dataset.columns.image (an image or array "
-                                                   f"column) and dataset.columns.features; got {image!r} and {features!r}")
+                                                   "column), dataset.columns.features and dataset.columns.text; got "
+                                                   f"{image!r}, {features!r} and {text!r}")
     if getattr(ds.features[label], "dtype", None) in ("string", "large_string"):
         ds = ds.class_encode_column(label)  # class names -> 0..C-1, sorted by name
     mode = cfg.get("image_mode")
@@ -216,11 +219,49 @@ def load_pool(cfg: Mapping) -> Pool:
                                                  f"{int(y.min())}..{int(y.max())}")
     if image is not None:
         x = _image_layout(_stack(table[image][:], "dataset.columns.image"), "dataset.columns.image")
+    elif text is not None:
+        x = encode_text(ds.with_format("arrow")[text].to_pylist(), cfg.get("text") or {})
     else:
         cols = [features] if isinstance(features, str) else list(features)
         parts = [_stack(table[c][:], "dataset.columns.features").reshape(len(ds), -1) for c in cols]
         x = np.concatenate(parts, axis=1)
     return Pool(ds, np.ascontiguousarray(x), y, tuple(int(s) for s in x.shape[1:]), num_classes, _scaler(cfg, x))
+
+
+def encode_text(texts: Sequence[Any], spec: Mapping) -> np.ndarray:
+    """A text column as fixed-size numbers, as ``dataset.text.encoding`` says:
+
+    - ``hashing`` (the default): a bag of words, scikit-learn's ``HashingVectorizer`` (lower case,
+      words of letters and digits, counts in ``dataset.text.features`` buckets, 1024 by default):
+      (n, features) counts, for models over feature vectors (mclr, mlp, dnn);
+    - ``chars``: each text's last ``dataset.text.length`` characters (80 by default) as ids into
+      the pool's characters in sorted order (1..V; 0 pads shorter texts on the left), as
+      Shakespeare's next-character prediction reads its context. hfl has no model that embeds
+      them (no LSTM): mlp / dnn read them as numbers.
+
+    Both depend on the pool alone (no fitted state), so every process and host encodes alike."""
+    encoding = spec.get("encoding") or "hashing"
+    if encoding not in TEXT_ENCODINGS:
+        raise ConfigError("dataset.text.encoding", f"unknown text encoding {encoding!r}; known: {', '.join(TEXT_ENCODINGS)}")
+    if any(t is not None and not isinstance(t, str) for t in texts[:100]):
+        raise ConfigError("dataset.columns.text", f"holds {type(next(t for t in texts if not isinstance(t, str))).__name__}"
+                                                  " values, not text")
+    texts = ["" if t is None else t for t in texts]
+    if encoding == "hashing":
+        from sklearn.feature_extraction.text import HashingVectorizer
+
+        size = int(check_number("dataset.text.features", spec.get("features", 1024), integer=True, minimum=1))
+        counts = HashingVectorizer(n_features=size, alternate_sign=False, norm=None, token_pattern=r"(?u)\b\w+\b",
+                                   dtype=np.float32).transform(texts)
+        return counts.toarray()
+    length = int(check_number("dataset.text.length", spec.get("length", 80), integer=True, minimum=1))
+    vocabulary = {c: i + 1 for i, c in enumerate(sorted(set().union(*map(set, texts))))}
+    ids = np.zeros((len(texts), length), dtype=np.int64)
+    for row, t in enumerate(texts):
+        tail = t[-length:]
+        if tail:
+            ids[row, length - len(tail):] = [vocabulary[c] for c in tail]
+    return ids
 
 
 # ------------------------------------------------------------------ Flower Datasets' partitioners
