@@ -57,7 +57,7 @@ class Counter:
 
 def measure(name: str, make_client, params, config: dict, cfg: dict, devices: list[int], repeats: int) -> dict:  # noqa: ANN001
     fed = federation_for(cfg)
-    trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed)))
+    trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg["algorithm"]["local_labels"], fed)))
     counter = Counter(trainer.model.body)
     store = StateStore(tempfile.mkdtemp(prefix="hfl-cost-"))
     seconds, per_fit = [], []

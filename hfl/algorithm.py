@@ -65,10 +65,26 @@ class Replies:
 
 
 @dataclass(frozen=True)
-class NodeContext:
-    """What a node's rule is built from, for one call (the root: for the run)."""
+class RunSettings:
+    """What a rule reads of the run beyond its algorithm's keys."""
 
-    cfg: Mapping[str, Any]
+    seed: int
+    global_rounds: int
+    model: Mapping[str, Any]  # the model section, as hfl.models.build_model takes it
+    batch_size: int  # dataset.batch_size: a server's own minibatches (B-HFL's proxy training)
+
+    @classmethod
+    def of(cls, cfg: Mapping[str, Any]) -> RunSettings:
+        return cls(int(cfg["seed"]), int(cfg["global_rounds"]), cfg["model"], int(cfg["dataset"]["batch_size"]))
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What a node's rule is built from, for one call (the root: for the run): the algorithm's
+    own settings, typed by its schema (``ServerRule.schema``), and the node's place and inputs."""
+
+    params: Any  # the algorithm's keys as its schema's dataclass (hfl.config.typed)
+    run: RunSettings
     path: str  # "" for the root, "0", "0.1"...
     depth: int  # of the tree: devices sit at this level
     payload: Payload  # what the parent sent (the root: its initial model)
@@ -76,10 +92,6 @@ class NodeContext:
     fed: Any  # hfl.data.Federation
     round_path: str = ""  # the round of the parent that called it ("" at the root)
     run_dir: Path | None = None  # the root's: where a rule may write files of its own
-
-    @property
-    def alg(self) -> Mapping[str, Any]:
-        return self.cfg["algorithm"]
 
     @property
     def level(self) -> int:
@@ -150,7 +162,7 @@ class ServerRule:
     schema: ClassVar[type | None] = None
 
     @classmethod
-    def has_global_model(cls, alg: Mapping[str, Any]) -> bool:
+    def has_global_model(cls, params: Any) -> bool:
         """Whether the root's model is a predictor the evaluation tests (GM): ``global_model``,
         unless the algorithm's own keys decide it (FeMAM's levels)."""
         return cls.global_model
@@ -165,14 +177,14 @@ class ServerRule:
         """What needs the built tree and data (e.g. a validation split, a body/head model)."""
 
     @classmethod
-    def device_evaluation_config(cls, alg: Mapping[str, Any], depth: int) -> dict[str, Scalar]:
+    def device_evaluation_config(cls, params: Any, depth: int) -> dict[str, Scalar]:
         """Config the lowest servers add when their devices test their own model (PM): what a
         device that changes its model when asked needs (B-HFL's own training sessions, with the
         clock; Per-FedAvg's adaptation step for a device never trained); none by default."""
         return {}
 
     @classmethod
-    def devices_change_when_tested(cls, alg: Mapping[str, Any]) -> bool:
+    def devices_change_when_tested(cls, params: Any) -> bool:
         """Whether testing a device's own model changes its state (B-HFL's sessions caught up):
         then the lowest servers save their devices after evaluating."""
         return False
@@ -184,19 +196,19 @@ class ServerRule:
         return {}
 
     @classmethod
-    def nature(cls, alg: Mapping[str, Any], depth: int, lowest: bool) -> Nature:
+    def nature(cls, params: Any, depth: int, lowest: bool) -> Nature:
         """What a node of this algorithm is, for the engine's node (hfl.node.client.NodeClient): this
         class's attributes, and what its methods decide from the algorithm's keys (``lowest``: the
         node's children are devices)."""
-        return Nature(personalized=cls.personalized, global_model=cls.has_global_model(alg), pm_base=cls.pm_base,
+        return Nature(personalized=cls.personalized, global_model=cls.has_global_model(params), pm_base=cls.pm_base,
                       level_models=cls.level_models, evaluation_context=cls.evaluation_context,
-                      device_evaluation_config=cls.device_evaluation_config(alg, depth) if lowest else {},
-                      devices_change_when_tested=lowest and cls.devices_change_when_tested(alg))
+                      device_evaluation_config=cls.device_evaluation_config(params, depth) if lowest else {},
+                      devices_change_when_tested=lowest and cls.devices_change_when_tested(params))
 
     # ---- one call
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
-        self.alg = ctx.alg
+        self.params = ctx.params  # the algorithm's keys, typed (its ``schema``)
 
     def start(self) -> NDArrays:
         """The node's model when the call begins: the parent's; the root's is the one it stored

@@ -12,7 +12,7 @@ The root does the same with T_0 = global_rounds, its state kept under node-root.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, List, Optional  # noqa: UP035 - OmegaConf reads typing.List/Optional
 import json
 from collections.abc import Mapping, Sequence
@@ -162,13 +162,19 @@ def check_federation(cfg: Mapping[str, Any], fed) -> None:  # noqa: ANN001 - hfl
 
 
 # ---------------------------------------------------------------- Flower wiring
-def device_config(alg: Mapping[str, Any], depth: int) -> dict:
+def device_config(p: BHFLConfig, depth: int) -> dict:
     """What the lowest servers send their devices besides the model."""
-    return {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "persistent": alg["persistent_devices"],
-            "background_every": float(alg.get("background_every", 0.0) or 0.0),
-            "background_max": int(alg.get("background_max", 0) or 0),
-            "down": json.dumps(spec_for(alg, depth, "down")),
-            "residual_down": json.dumps(nodeopt.check_spec("algorithm.residual_down_opt", alg["residual_down_opt"]))}
+    return {"alpha": p.alpha, "local_steps": p.local_steps, "persistent": p.persistent_devices,
+            "background_every": p.background_every, "background_max": p.background_max,
+            "down": json.dumps(spec_for(specs(p), depth, "down")),
+            "residual_down": json.dumps(nodeopt.check_spec("algorithm.residual_down_opt", asdict(p.residual_down_opt)))}
+
+
+def specs(p: BHFLConfig) -> dict[str, Any]:
+    """The keys the pure merges read (``spec_for``, ``merge_down``, ``merge_up``), as the
+    mapping they take (tests and B-HFL's devices hand them a few keys)."""
+    return {"up": asdict(p.up), "down": asdict(p.down), "levels": p.levels, "weighted": p.weighted,
+            "residual_down_opt": asdict(p.residual_down_opt), "residual_up_opt": asdict(p.residual_up_opt)}
 
 
 @dataclass
@@ -208,27 +214,27 @@ class BHFLServer(ServerRule):
     check_federation = staticmethod(check_federation)
 
     @classmethod
-    def device_evaluation_config(cls, alg: Mapping[str, Any], depth: int) -> dict[str, Scalar]:
-        if not float(alg.get("background_every", 0.0) or 0.0) or not alg["persistent_devices"]:
+    def device_evaluation_config(cls, params: BHFLConfig, depth: int) -> dict[str, Scalar]:
+        if not params.background_every or not params.persistent_devices:
             return {}
-        config = device_config(alg, depth)  # its sessions' steps and rate
+        config = device_config(params, depth)  # its sessions' steps and rate
         return {k: config[k] for k in ("alpha", "local_steps", "background_every", "background_max")}
 
     @classmethod
-    def devices_change_when_tested(cls, alg: Mapping[str, Any]) -> bool:
-        return bool(cls.device_evaluation_config(alg, 1))
+    def devices_change_when_tested(cls, params: BHFLConfig) -> bool:
+        return bool(cls.device_evaluation_config(params, 1))
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        alg, self.level, self.depth = ctx.alg, ctx.level, ctx.depth
+        self.specs, self.level, self.depth = specs(ctx.params), ctx.level, ctx.depth
         stored = ctx.state or {}
         self.down_state: dict[str, np.ndarray] = {}
         # The models of the ancestors this node passes on as residual edges (its parent's included).
         self.forward: dict[str, NDArrays] = {}
         if not ctx.is_root:
             received = ctx.payload.parts
-            self.theta0, self.down_state = merge_down(alg, self.level, model_from_state(ctx.state), received, ctx.state)
-            if alg["residual_down"]:
+            self.theta0, self.down_state = merge_down(self.specs, self.level, model_from_state(ctx.state), received, ctx.state)
+            if self.params.residual_down:
                 self.forward = {n: a for n, a in received.items() if n.startswith(RES_DOWN)}
                 self.forward[f"{RES_DOWN}{self.level - 1}"] = received["model"]
         self.up_state = {k: v for k, v in stored.items() if k.startswith(("up.", RES_UP))}
@@ -240,12 +246,12 @@ class BHFLServer(ServerRule):
         return super().start() if self.ctx.is_root else self.theta0
 
     def fit_config(self) -> dict[str, Scalar]:
-        return device_config(self.alg, self.depth) if self.ctx.is_lowest else {}
+        return device_config(self.params, self.depth) if self.ctx.is_lowest else {}
 
     def prepare(self, rnd: int, model: NDArrays) -> NDArrays:
         if self.proxy is None:
             return model
-        if self.alg.get("proxy_async", False):
+        if self.params.proxy_async:
             # The proposal's async TRAIN: the children get the model before training; what the proxy
             # training moved is added at the merge, weighted by the staleness factor (proxy_delta).
             self.proxy_delta = [t - m for t, m in zip(self.proxy.train(model), model, strict=True)]
@@ -258,13 +264,13 @@ class BHFLServer(ServerRule):
         return pack("parts", {"model": model, **self.forward})
 
     def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:
-        k = int(self.alg["residual_up_k"])
+        k = self.params.residual_up_k
         if k and self.level >= 1:  # forwarded to the parent with this node's reply
             self.residuals_out = [replies.models[i] for i in largest_updates(model, replies.models, k)]
-        theta, self.up_state = merge_up(self.alg, self.level, model, replies.models, replies.weights,
+        theta, self.up_state = merge_up(self.specs, self.level, model, replies.models, replies.weights,
                                         residual_parts(replies.updates), self.up_state)
         if self.proxy_delta is not None:  # theta + proxy_staleness x the proxy training's update
-            theta = sgd_step(theta, self.proxy_delta, -float(self.alg.get("proxy_staleness", 1.0)))
+            theta = sgd_step(theta, self.proxy_delta, -self.params.proxy_staleness)
             self.proxy_delta = None
         return theta
 
@@ -289,23 +295,23 @@ SERVER = BHFLServer
 class ProxyTrainer:
     """A server's minibatch SGD on its slice of the proxy pool (Algorithm 1, step 2a)."""
 
-    def __init__(self, cfg: Mapping, path: str, size: int, fed, state) -> None:  # noqa: ANN001
-        alg = cfg["algorithm"]
-        self.data = proxy_data(fed, path, size, int(cfg["seed"]))
-        self.trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, fed.num_classes))
-        self.sampler = BatchSampler(len(self.data.y_train), int(cfg["dataset"]["batch_size"]),
-                                    derive_seed(cfg["seed"], "proxy-batches", path or "root"))
+    def __init__(self, ctx: NodeContext, size: int, state) -> None:  # noqa: ANN001
+        run, path, fed = ctx.run, ctx.path, ctx.fed
+        self.data = proxy_data(fed, path, size, run.seed)
+        self.trainer = LocalTrainer(build_model(run.model, fed.input_shape, fed.num_classes))
+        self.sampler = BatchSampler(len(self.data.y_train), run.batch_size,
+                                    derive_seed(run.seed, "proxy-batches", path or "root"))
         saved = sub_state(state, "proxy_sampler")
         if saved:
             self.sampler.restore(saved)
-        self.steps, self.lr = int(alg["proxy_steps"]), float(alg["proxy_lr"])
+        self.steps, self.lr = ctx.params.proxy_steps, ctx.params.proxy_lr
 
     @classmethod
     def maybe(cls, ctx, state) -> ProxyTrainer | None:  # noqa: ANN001
-        sizes = ctx.cfg["algorithm"].get("proxy_samples")
+        sizes = ctx.params.proxy_samples
         if not sizes or ctx.level >= len(sizes) or not sizes[ctx.level]:
             return None
-        return cls(ctx.cfg, ctx.path, int(sizes[ctx.level]), ctx.fed, state)
+        return cls(ctx, int(sizes[ctx.level]), state)
 
     def train(self, parameters: Parameters | NDArrays) -> NDArrays:
         arrays = parameters_to_ndarrays(parameters) if isinstance(parameters, Parameters) else parameters

@@ -36,9 +36,9 @@ class DemLearnServer(FedAvgServer):
 
     def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:
         mean = super().aggregate(model, replies)
-        if self.ctx.is_root or replies.round >= int(self.alg["team_rounds"]):
+        if self.ctx.is_root or replies.round >= self.params.team_rounds:
             return mean
-        return mix(mean, self.ctx.payload.main, float(self.alg["mix"]))
+        return mix(mean, self.ctx.payload.main, self.params.mix)
 
 
 SERVER = DemLearnServer

@@ -41,13 +41,15 @@ class FedAvgServer(DevicesOwnTest, ServerRule):
         self._load_fit_test(ctx.state, ctx.is_root)  # with fit_test: the PFLEGO paper's figure (hfl.rules.fit_testing)
 
     def fit_config(self) -> dict[str, Scalar]:
-        alg = self.alg
-        return {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "fit_test": bool(alg.get("fit_test", False)),
-                **{key: alg[key] for key in self.keys}}
+        p = self.params
+        # fit_test is a key of FedAvgConfig's descendants; the rules reusing this one with a schema of
+        # their own (pFedMe, DemLearn, Ditto, ...) have no such key and never test what they trained.
+        return {"alpha": p.alpha, "local_steps": p.local_steps, "fit_test": getattr(p, "fit_test", False),
+                **{key: getattr(p, key) for key in self.keys}}
 
     def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:
         self._record_fit_test(replies)
-        return replies.mean(bool(self.alg["weighted"]))
+        return replies.mean(bool(self.params.weighted))
 
     def state(self) -> dict[str, np.ndarray]:
         return self._fit_test_state()

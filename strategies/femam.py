@@ -145,15 +145,14 @@ class FemamRoot:
     ``state``/``restore`` write it to and read it from the root's stored state (hfl.node.root)."""
 
     def __init__(self, ctx: NodeContext, initial: NDArrays) -> None:
-        alg = ctx.alg
-        self.alg = alg
-        self.seed = int(ctx.cfg["seed"])
-        self.num_rounds = int(ctx.cfg["global_rounds"])
+        p = self.params = ctx.params
+        self.seed = ctx.run.seed
+        self.num_rounds = ctx.run.global_rounds
         self.run_dir = ctx.run_dir
-        self.kinds = kinds_of(alg)
-        self.groups_per_level = [int(k) for k in alg["levels"]]
-        self.schedule = schedule_of(alg)
-        self.prune = str(alg["prune"])
+        self.kinds = kinds_of(vars(p))
+        self.groups_per_level = [int(k) for k in p.levels]
+        self.schedule = schedule_of(vars(p))
+        self.prune = p.prune
         self.num_devices = len(ctx.fed.devices)
         n, levels = self.num_devices, len(self.kinds)
         self.level = 0
@@ -259,11 +258,11 @@ class FemamRoot:
     def regroup(self, rnd: int, ids: list[int], models: list[NDArrays], weights: list[float]) -> None:
         k = self.groups_per_level[self.level]
         seed = derive_seed(self.seed, "femam-groups", rnd)
-        if self.alg["assign"] == "nearest" and not self.first:
+        if self.params.assign == "nearest" and not self.first:
             labels = nearest_labels(models, self.groups)  # FeSEM: nearest of last round's centres
         else:
-            features = np.stack([clustering_features(m) if self.alg["assign"] == "kmeans" else flat_model(m) for m in models])
-            labels = kmeans_labels(features, k, seed, int(self.alg["kmeans_n_init"]))
+            features = np.stack([clustering_features(m) if self.params.assign == "kmeans" else flat_model(m) for m in models])
+            labels = kmeans_labels(features, k, seed, self.params.kmeans_n_init)
         previous = self.assign.copy()
         self.groups = group_means(models, weights, labels)
         self.assign = np.where(np.isin(previous, list(self.groups)), previous, min(self.groups))  # devices not heard from
@@ -271,7 +270,7 @@ class FemamRoot:
 
     def decide(self, level: int) -> np.ndarray:
         """Every device's keep decision for the level that just ended (level 1 is always kept)."""
-        window = int(self.alg["prune_window"])
+        window = self.params.prune_window
         for device in range(self.num_devices):
             if level == 0 or self.prune == "none":
                 keep = True
@@ -335,10 +334,10 @@ class FemamServer(ServerRule):
     any_depth = True  # the root clusters relayed device models: any tree gives the flat run's models
 
     @classmethod
-    def has_global_model(cls, alg: Mapping[str, Any]) -> bool:
+    def has_global_model(cls, params: FeMAMConfig) -> bool:
         """GM = the level-1 model, where level 1 is one global group (FeMAM; not FeSEM's K centres)."""
-        levels = alg["levels"]
-        return bool(levels) and level_kind(0, int(levels[0]), alg.get("team_level")) == GLOBAL
+        levels = params.levels
+        return bool(levels) and level_kind(0, int(levels[0]), params.team_level) == GLOBAL
 
     check_config = staticmethod(check_config)  # the module's checks, above
     check_federation = staticmethod(check_federation)
@@ -364,9 +363,9 @@ class FemamServer(ServerRule):
         return super().start() if self.ctx.is_root else self.parts["model"]
 
     def fit_config(self) -> dict[str, Scalar]:
-        alg = self.alg
-        return {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "prox": alg["prox"],
-                "local_epochs": alg["local_epochs"] or 0, "num_levels": len(alg["levels"]),
+        p = self.params
+        return {"alpha": p.alpha, "local_steps": p.local_steps, "prox": p.prox,
+                "local_epochs": p.local_epochs or 0, "num_levels": len(p.levels),
                 "femam_level": self.info["level"], "femam_kind": self.info["kind"],
                 "femam_first": int(self.info["first"]), "prune": self.info["prune"]}
 

@@ -84,8 +84,8 @@ def initial_clusters(ctx: NodeContext, first: NDArrays, num_clusters: int) -> li
     architecture, seeded by (seed, "ifca-init", k)."""
     out = [list(first)]
     for k in range(1, num_clusters):
-        torch.manual_seed(derive_seed(ctx.cfg["seed"], "ifca-init", k))
-        model = build_model(ctx.cfg["model"], ctx.fed.input_shape, model_classes(ctx.cfg, ctx.fed))
+        torch.manual_seed(derive_seed(ctx.run.seed, "ifca-init", k))
+        model = build_model(ctx.run.model, ctx.fed.input_shape, model_classes(ctx.params.local_labels, ctx.fed))
         out.append(to_ndarrays(LocalTrainer(model).initial_params()))
     return out
 
@@ -115,7 +115,7 @@ class IfcaServer(ServerRule):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        self.k = int(ctx.alg["num_clusters"])
+        self.k = ctx.params.num_clusters
         if ctx.is_root:
             first = model_from_state(ctx.state)  # a resumed run: the models the root stored
             if first is None:
@@ -130,14 +130,14 @@ class IfcaServer(ServerRule):
         return self.clusters[0]
 
     def fit_config(self) -> dict[str, Scalar]:
-        return {"alpha": self.alg["alpha"], "local_steps": self.alg["local_steps"]}
+        return {"alpha": self.params.alpha, "local_steps": self.params.local_steps}
 
     def fit_message(self, rnd: int, model: NDArrays) -> Message:
         self.clusters[0] = model
         return pack("parts", {cluster_part(k): m for k, m in enumerate(self.clusters)})
 
     def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:
-        found = list(entries(replies.updates, self.k, bool(self.alg["weighted"])))
+        found = list(entries(replies.updates, self.k, bool(self.params.weighted)))
         self.clusters, self.counts = cluster_means(found, self.clusters)
         return self.clusters[0]
 

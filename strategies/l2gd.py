@@ -72,7 +72,7 @@ class L2GDServer(FedAvgServer):
         step_sizes(alg)
 
     def fit_config(self) -> dict[str, Scalar]:
-        return {**super().fit_config(), **step_sizes(self.alg)}
+        return {**super().fit_config(), **step_sizes(vars(self.params))}
 
 
 SERVER = L2GDServer

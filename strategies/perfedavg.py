@@ -25,9 +25,9 @@ class PerFedAvgServer(FedAvgServer):
     keys = ("beta", "variant", "delta")
 
     @classmethod
-    def device_evaluation_config(cls, alg, depth):  # noqa: ANN001, ANN206 - ServerRule's signature
+    def device_evaluation_config(cls, params, depth):  # noqa: ANN001, ANN206 - ServerRule's signature
         # A device never trained yet (sampled out, dropped) adapts the model it would start from with alpha.
-        return {"alpha": alg["alpha"]}
+        return {"alpha": params.alpha}
 
 
 SERVER = PerFedAvgServer

@@ -51,16 +51,16 @@ class PerMFLServer(ServerRule):
         check_keys(alg, eta={"minimum": 0}, lam={"minimum": 0}, gamma={"minimum": 0}, beta={"minimum": 0})
 
     def fit_config(self) -> dict[str, Scalar]:
-        alg = self.alg
-        prox = alg["local_steps"] if alg.get("prox_slip") else alg["lam"]
-        return {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "prox_coefficient": prox}
+        p = self.params
+        prox = p.local_steps if p.prox_slip else p.lam
+        return {"alpha": p.alpha, "local_steps": p.local_steps, "prox_coefficient": prox}
 
     def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:
-        alg = self.alg
-        mean = replies.mean(bool(alg["weighted"]))
+        p = self.params
+        mean = replies.mean(bool(p.weighted))
         if self.ctx.is_root:
-            return global_update(model, mean, alg["beta"], alg["gamma"])
-        return team_update(model, self.ctx.payload.main, mean, alg["eta"], alg["lam"], alg["gamma"])
+            return global_update(model, mean, p.beta, p.gamma)
+        return team_update(model, self.ctx.payload.main, mean, p.eta, p.lam, p.gamma)
 
 
 SERVER = PerMFLServer

@@ -40,7 +40,7 @@ class PFedBayesServer(PFedMeServer):
     def start(self) -> NDArrays:
         if self.ctx.is_root:  # the distribution the root stored, or the initial weights as means
             stored = model_from_state(self.ctx.state)
-            return stored or bayesian_initial(self.ctx.payload.main, float(self.alg["rho_offset"]))
+            return stored or bayesian_initial(self.ctx.payload.main, self.params.rho_offset)
         return super().start()
 
 

@@ -33,7 +33,7 @@ class PFedMeServer(FedAvgServer):
 
     def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:
         mean = super().aggregate(model, replies)
-        return mix(model, mean, float(self.alg["beta"])) if self.ctx.is_root else mean
+        return mix(model, mean, self.params.beta) if self.ctx.is_root else mean
 
 
 SERVER = PFedMeServer

@@ -127,7 +127,7 @@ def check_config(alg: Mapping[str, Any]) -> None:
 
 
 def check_federation(cfg: Mapping[str, Any], fed) -> None:  # noqa: ANN001 - hfl.data.Federation
-    model = build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed, PflegoServer.personal_heads))
+    model = build_model(cfg["model"], fed.input_shape, model_classes(cfg["algorithm"]["local_labels"], fed, PflegoServer.personal_heads))
     if not (hasattr(model, "body") and hasattr(model, "head") and hasattr(model, "feature_dim")):
         raise ConfigError("model.name", f"PFLEGO needs a body and a linear head (model=mlp, pflego_cnn or conv4); "
                                         f"{cfg['model']['name']!r} has none")
@@ -144,8 +144,8 @@ def body_arrays(arrays: NDArrays, names: Sequence[str]) -> NDArrays:
     return [a for a, head in zip(arrays, head_mask(names, 1), strict=True) if not head]
 
 
-def num_sampled(cfg: Mapping[str, Any], num_devices: int) -> int:
-    return sample_size(num_devices, float(cfg["algorithm"]["sample_fraction"]))
+def num_sampled(sample_fraction: float, num_devices: int) -> int:
+    return sample_size(num_devices, float(sample_fraction))
 
 
 # ---------------------------------------------------------------- the server
@@ -184,8 +184,8 @@ class PflegoServer(DevicesOwnTest, ServerRule):
         self._load_fit_test(ctx.state, ctx.is_root)  # the paper's figure (hfl.rules.fit_testing)
         self.num_devices = len(ctx.fed.devices) if ctx.fed is not None else 0
         if ctx.is_root:
-            self.optimizer = optimizer_spec(ctx.alg)
-            self.num_sampled = num_sampled(ctx.cfg, self.num_devices)
+            self.optimizer = optimizer_spec(vars(ctx.params))
+            self.num_sampled = num_sampled(ctx.params.sample_fraction, self.num_devices)
             self._total_examples: int | None = None  # summed when first needed (server_optimizer=sgd)
             stored = {k[len(OPT):]: v for k, v in (ctx.state or {}).items() if k.startswith(OPT)}
             self.opt_state: dict[str, np.ndarray] = stored or nodeopt.init_state([])
@@ -205,14 +205,15 @@ class PflegoServer(DevicesOwnTest, ServerRule):
         stored = model_from_state(ctx.state)
         if stored is not None:
             return stored
-        model = build_model(ctx.cfg["model"], ctx.fed.input_shape, model_classes(ctx.cfg, ctx.fed, PflegoServer.personal_heads))
+        model = build_model(ctx.run.model, ctx.fed.input_shape,
+                            model_classes(ctx.params.local_labels, ctx.fed, PflegoServer.personal_heads))
         return body_arrays(ctx.payload.main, [n for n, _ in model.named_parameters()])
 
     def fit_config(self) -> dict[str, Scalar]:
-        alg = self.alg
-        head_lr = float(alg["server_lr"]) * self.num_devices / num_sampled(self.ctx.cfg, self.num_devices)
-        return {"alpha": alg["alpha"], "local_steps": alg["local_steps"], "head_lr": head_lr,
-                "seed": int(self.ctx.cfg["seed"]), "fit_test": bool(alg.get("fit_test", True))}
+        p = self.params
+        head_lr = p.server_lr * self.num_devices / num_sampled(p.sample_fraction, self.num_devices)
+        return {"alpha": p.alpha, "local_steps": p.local_steps, "head_lr": head_lr,
+                "seed": self.ctx.run.seed, "fit_test": p.fit_test}
 
     def aggregate(self, model: NDArrays, replies: Replies) -> NDArrays:
         mean = replies.mean()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -39,25 +40,40 @@ def small_cfg():
     return make
 
 
+@functools.cache
+def _algorithm_file(name: str) -> dict:
+    return compose_cfg(f"algorithm={name}")["algorithm"]
+
+
+def rule_context(server, alg: dict, path: str, depth: int, payload, state=None, fed=None, cfg=None):  # noqa: ANN001, ANN201
+    """A ``NodeContext`` for ``server`` (a ServerRule class) whose algorithm keys are ``alg`` over
+    those of the file named like the rule's module (``strategies.permfl``: conf/algorithm/permfl.yaml),
+    typed by its schema as the engine types them; the run's settings from ``cfg`` when given."""
+    from hfl.algorithm import NodeContext, RunSettings
+    from hfl.config.typed import typed
+
+    full = {**_algorithm_file(server.__module__.rsplit(".", 1)[-1]), **alg}
+    run = RunSettings.of(cfg) if cfg is not None else RunSettings(seed=0, global_rounds=1, model={}, batch_size=1)
+    return NodeContext(typed(server.schema, full, "algorithm"), run, path, depth, payload, state, fed)
+
+
 def node_strategy(server, parent, alg: dict, *, path: str = "0", depth: int = 2):  # noqa: ANN001, ANN201
     """An inner node's Flower strategy over ``server`` (a ServerRule class), built from its
     parent's model alone, as a call of the node would build it."""
-    from hfl.algorithm import NodeContext
     from hfl.rules.payload import Payload
     from hfl.node.strategy import NodeStrategy
 
-    ctx = NodeContext({"algorithm": alg, "seed": 0}, path, depth, Payload("model", {"model": parent}), None, None)
-    return NodeStrategy(server(ctx), float(alg.get("min_fit_fraction", 1.0)))
+    ctx = rule_context(server, alg, path, depth, Payload("model", {"model": parent}))
+    return NodeStrategy(server(ctx), float(ctx.params.min_fit_fraction))
 
 
 def root_strategy(server, initial, alg: dict, store_dir, **common):  # noqa: ANN001, ANN201
     """The root's Flower strategy over ``server``, its state in a store at ``store_dir``."""
-    from hfl.algorithm import NodeContext
     from hfl.rules.payload import Payload
     from hfl.node.root import RootStrategy
     from hfl.state.store import StateStore
 
     def make_rule(state):  # noqa: ANN001, ANN202
-        return server(NodeContext({"algorithm": alg, "seed": 0}, "", 2, Payload("model", {"model": initial}), state, None))
+        return server(rule_context(server, alg, "", 2, Payload("model", {"model": initial}), state))
 
     return RootStrategy(make_rule, StateStore(store_dir), **common)

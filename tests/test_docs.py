@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -71,7 +72,8 @@ def nature(name: str, attribute: str):  # noqa: ANN201 - a class attribute's val
     if attribute == "batched":
         return client(name).batched
     server = rule(name)
-    return server.has_global_model(resolved_keys(name)) if attribute == "global_model" else getattr(server, attribute)
+    # has_global_model reads the typed keys by attribute (NodeContext.params); these are the file's own
+    return server.has_global_model(SimpleNamespace(**resolved_keys(name))) if attribute == "global_model" else getattr(server, attribute)
 
 
 def page(name: str) -> str:

@@ -12,7 +12,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from clients.ifca import IfcaClient, best_cluster
-from hfl.algorithm import NodeContext, Replies, Update
+from hfl.algorithm import Replies, Update
 from hfl.config import schema
 from hfl.config.checks import validate
 from hfl.config.compose import CONF_DIR
@@ -20,7 +20,7 @@ from hfl.errors import ConfigError
 from hfl.rules.payload import Payload, pack
 from hfl.runtime.simulate import run
 from strategies.ifca import IfcaServer, cluster_means, entries
-from tests.conftest import SMALL, compose_cfg
+from tests.conftest import SMALL, compose_cfg, rule_context
 from tests.test_resume import Killed, _killed_at, assert_same_run
 
 ALG = {"num_clusters": 3, "weighted": True, "alpha": 0.1, "local_steps": 1}
@@ -36,7 +36,7 @@ def device(value: float, n: int, cluster: int, device_id: int = 0) -> Update:
 
 def node_rule(path: str = "0", clusters=(0.0, 10.0, 20.0), alg=ALG) -> IfcaServer:  # noqa: ANN001
     parts = {"model": m(clusters[0]), **{f"c{k}": m(v) for k, v in enumerate(clusters) if k}}
-    ctx = NodeContext({"algorithm": alg, "seed": 0}, path, 2, Payload("parts", parts), None, None)
+    ctx = rule_context(IfcaServer, alg, path, 2, Payload("parts", parts))
     return IfcaServer(ctx)
 
 

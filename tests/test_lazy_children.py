@@ -11,7 +11,7 @@ from hfl.rules.payload import pack
 from hfl.runtime.build import build_level1_node, federation_for, initial_model
 from hfl.runtime.children import DeviceCids, DeviceHolds, SubtreeHolds
 from hfl.tree.shape import Tree, from_fanout
-from tests.conftest import compose_cfg
+from tests.conftest import compose_cfg, rule_context
 
 
 def test_device_cids_sort_as_their_strings_and_name_only_the_nodes_devices():
@@ -100,7 +100,6 @@ def test_sizes_and_validation_of_a_lazy_federation_come_without_making_a_device(
 
 
 def test_pflego_sums_every_devices_training_samples_from_the_size_draws():
-    from hfl.algorithm import NodeContext
     from hfl.rules.payload import Payload
     from strategies.pflego import PflegoServer
 
@@ -108,7 +107,7 @@ def test_pflego_sums_every_devices_training_samples_from_the_size_draws():
                       "topology.fanout=[2,20]", "algorithm.server_optimizer=sgd")
     fed = federation_for(cfg)
     made = fed.devices.made
-    root = PflegoServer(NodeContext(cfg, "", 2, Payload("model", {"model": []}), None, fed))
+    root = PflegoServer(rule_context(PflegoServer, cfg["algorithm"], "", 2, Payload("model", {"model": []}), None, fed, cfg))
     total = root.total_examples
     assert fed.devices.made == made  # no device made for it
     assert total == sum(len(fed.devices[d].y_train) for d in range(40))

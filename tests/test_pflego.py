@@ -16,7 +16,6 @@ from flwr.common import GetPropertiesIns, GetPropertiesRes, ndarrays_to_paramete
 from torch.func import functional_call
 
 from hfl.rules.aggregate import mean_of, nbytes
-from hfl.algorithm import NodeContext
 from hfl.node.cohort import Cohort
 from hfl.device.state import stored_device_states
 from hfl.errors import ConfigError
@@ -30,7 +29,7 @@ from hfl.tree.sampling import DeviceDraw, sample_devices
 from hfl.runtime.simulate import run
 from hfl.state.store import StateStore
 from strategies import pflego
-from tests.conftest import compose_cfg
+from tests.conftest import compose_cfg, rule_context
 
 # 12 devices of synthetic data dealt round-robin, 2 classes each; tiny MLP body.
 BASE = ["algorithm=pflego", "model=mlp", "model.hidden=8", "runtime=inprocess", "runtime.torch_threads=1",
@@ -158,7 +157,7 @@ def test_root_calls_only_the_subtrees_holding_a_drawn_device(tmp_path):
     cfg = cfg_of("topology.fanout=[3,4]")
     fed = federation_for(cfg)
     initial = Payload("model", {"model": initial_model(cfg, fed)})
-    strategy = RootStrategy(lambda state: pflego.SERVER(NodeContext(cfg, "", 2, initial, state, fed)),
+    strategy = RootStrategy(lambda state: pflego.SERVER(rule_context(pflego.SERVER, cfg["algorithm"], "", 2, initial, state, fed, cfg)),
                             StateStore(tmp_path), num_children=3, num_rounds=5,
                             device_sampling=DeviceDraw(12, 0.25, 0, {"0": frozenset(range(4)), "1": frozenset(range(4, 8)),
                                                                      "2": frozenset(range(8, 12))}))
@@ -184,7 +183,7 @@ def test_root_calls_only_the_subtrees_holding_a_drawn_device(tmp_path):
 def test_local_labels_index_each_devices_classes():
     cfg = cfg_of("topology.fanout=[2,6]")
     fed = federation_for(cfg)
-    assert model_classes(cfg, fed) == 2
+    assert model_classes(cfg["algorithm"]["local_labels"], fed) == 2
     for d in range(len(fed.devices)):
         local, orig = device_data(cfg, fed, d), fed.devices[d]
         classes = torch.tensor(fed.device_classes[d])
@@ -196,7 +195,7 @@ def test_a_shared_local_label_head_needs_one_k():
     cfg = compose_cfg("algorithm=fedavg", "algorithm.local_labels=true", "dataset.max_samples=120",
                       "topology.num_teams=2", "topology.devices_per_team=3")
     with pytest.raises(ConfigError, match="algorithm.local_labels"):
-        model_classes(cfg, federation_for(cfg))  # the natural synthetic split: devices own different class counts
+        model_classes(cfg["algorithm"]["local_labels"], federation_for(cfg))  # the natural synthetic split: devices own different class counts
 
 
 @pytest.mark.parametrize("override, key", [

@@ -39,13 +39,13 @@ def class_counts(fed: Federation) -> frozenset[int]:
     return kept[1]
 
 
-def model_classes(cfg: Mapping, fed: Federation, personal_heads: bool = False) -> int:
+def model_classes(local_labels: bool, fed: Federation, personal_heads: bool = False) -> int:
     """The model's output size: the dataset's classes, or with ``algorithm.local_labels`` the
     number K_i of classes each device owns (labels become local indices 0..K_i-1, PFLEGO's
     setting). A head shared by the servers needs one K for every device; an algorithm whose
     heads stay on the devices (``personal_heads``: its rule's ``ServerRule.personal_heads``) builds
     each with its own K_i."""
-    if not cfg["algorithm"]["local_labels"]:
+    if not local_labels:
         return fed.num_classes
     counts = class_counts(fed)
     if len(counts) > 1 and not personal_heads:

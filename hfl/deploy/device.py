@@ -145,7 +145,7 @@ def partition(cfg: Mapping, device_id: int, folder: Path) -> tuple[DeviceData, i
     fed = federation_for(cfg)
     if not 0 <= device_id < len(fed.devices):
         raise ValueError(f"device-id {device_id} does not exist: the federation has {len(fed.devices)} devices")
-    data, num_classes = device_data(cfg, fed, device_id), model_classes(cfg, fed, load_server(cfg["algorithm"]).personal_heads)
+    data, num_classes = device_data(cfg, fed, device_id), model_classes(cfg["algorithm"]["local_labels"], fed, load_server(cfg["algorithm"]).personal_heads)
     classes = device_classes(fed, device_id) if cfg["algorithm"]["local_labels"] else None
     private_dir(folder)
     atomic_savez(path, **{k: getattr(data, k).numpy() for k in ("x_train", "y_train", "x_test", "y_test", "x_val", "y_val")},

@@ -22,7 +22,8 @@ from flwr.server.client_manager import ClientManager, SimpleClientManager
 from hfl.clock.model import run_clock
 from hfl.clock.policy import LevelPolicy
 from hfl.accel.batched import use_runtime_threads
-from hfl.algorithm import NodeContext, ServerRule
+from hfl.algorithm import NodeContext, RunSettings, ServerRule
+from hfl.config.typed import algorithm_params
 from hfl.config.checks import load_server
 from hfl.config.compose import context_config
 from hfl.runtime.build import (build_level1_node, eval_fraction, evaluation_sampled, federation_for, initial_model,
@@ -53,9 +54,10 @@ def build_global_strategy(cfg: Mapping, run_dir: str | Path) -> RootStrategy:
     alg = cfg["algorithm"]
     server = load_server(alg)
     initial = Payload("model", {"model": initial_model(cfg, fed)})
+    params, run = algorithm_params(alg), RunSettings.of(cfg)  # the rule's typed settings (hfl.config.typed)
 
     def make_rule(state: dict | None) -> ServerRule:
-        return server(NodeContext(cfg, "", fed.tree.depth, initial, state, fed, run_dir=Path(run_dir)))
+        return server(NodeContext(params, run, "", fed.tree.depth, initial, state, fed, run_dir=Path(run_dir)))
 
     device_sampling = None
     if alg["sampling"] == "devices":

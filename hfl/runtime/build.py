@@ -20,7 +20,8 @@ from hfl.clock.policy import LevelPolicy
 from hfl.device.client import DeviceClient
 from hfl.accel.batched import BatchedFit, batching_pays, resolve_device
 from hfl.accel.batched_eval import BatchedEvaluate
-from hfl.algorithm import NodeContext, ServerRule
+from hfl.algorithm import NodeContext, RunSettings, ServerRule
+from hfl.config.typed import algorithm_params
 from hfl.config.checks import batched_setting, check_model_buffers, client_class, load_module, load_server
 from hfl.data import DeviceData, Federation, build_federation
 from hfl.data.labels import device_classes, device_data, model_classes
@@ -63,7 +64,7 @@ def federation_for(cfg: Mapping) -> Federation:
 def initial_model(cfg: Mapping, fed: Federation) -> NDArrays:
     """The global model x^0, initialised from the run's seed."""
     torch.manual_seed(derive_seed(cfg["seed"], "init"))
-    trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed, load_server(cfg["algorithm"]).personal_heads)))
+    trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg["algorithm"]["local_labels"], fed, load_server(cfg["algorithm"]).personal_heads)))
     check_model_buffers(cfg, trainer.has_buffers)  # the algorithm must carry its BatchNorm statistics
     return to_ndarrays(trainer.initial_params())
 
@@ -264,7 +265,7 @@ def check_tree(cfg: Mapping, tree: Tree) -> None:
     if alg["local_labels"] and float(cfg["dataset"]["proxy_fraction"]) > 0:
         raise ConfigError("algorithm.local_labels", "servers' proxy data keeps the dataset's labels; local labels "
                                                     "and dataset.proxy_fraction > 0 do not mix")
-    model_classes(cfg, federation_for(cfg), load_server(alg).personal_heads)  # refuses local labels without a common K
+    model_classes(alg["local_labels"], federation_for(cfg), load_server(alg).personal_heads)  # refuses local labels without a common K
     check_candidates(cfg, tree.depth)
 
 
@@ -312,7 +313,7 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
     fit_many, evaluate_many = fit_one_by_one, evaluate_children
     if tree.is_lowest(path):
         client_module = load_module(alg, "client")
-        trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg, fed, load_server(cfg["algorithm"]).personal_heads)))
+        trainer = LocalTrainer(build_model(cfg["model"], fed.input_shape, model_classes(cfg["algorithm"]["local_labels"], fed, load_server(cfg["algorithm"]).personal_heads)))
         local = bool(alg["local_labels"])
 
         shift, now = run_shift(cfg), [0.0]  # the simulated time the node's message is at (hfl.clock.shift)
@@ -366,9 +367,10 @@ def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | Simp
     alg = cfg["algorithm"]
     level = level_of(path)
     server = load_server(alg)
+    params, run = algorithm_params(alg), RunSettings.of(cfg)  # typed once per node (hfl.config.typed)
 
     def make_rule(payload: Payload, state: dict | None, round_path: str) -> ServerRule:
-        return server(NodeContext(cfg, path, tree.depth, payload, state, fed, round_path=round_path))
+        return server(NodeContext(params, run, path, tree.depth, payload, state, fed, round_path=round_path))
 
     clock = run_clock(cfg)
     spec = NodeSpec(path, level_rounds(alg, level, tree.depth), level_selection(cfg, level, tree.is_lowest(path)),
@@ -379,7 +381,7 @@ def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | Simp
                     min_fit_fraction=float(alg["min_fit_fraction"]))
     children = proxies if isinstance(proxies, SimpleClientManager) else client_manager_of(proxies)
     # What the algorithm is: its rule's class (hfl.algorithm)
-    return NodeClient(spec, children, make_rule, store, server.nature(alg, tree.depth, tree.is_lowest(path)),
+    return NodeClient(spec, children, make_rule, store, server.nature(params, tree.depth, tree.is_lowest(path)),
                       persist=persist, holds=holds, fit_many=fit_many, evaluate_many=evaluate_many,
                       evaluate_targets=evaluate_targets, at_time=at_time,
                       steps_of=device_steps(cfg, fed) if clock is not None and tree.is_lowest(path) else None)
