@@ -82,15 +82,15 @@ class Clock:
 
     @classmethod
     def from_config(cls, clock: Mapping, seed: int) -> Clock:
-        speed = dict(clock.get("speed", {}))
-        availability = dict(clock.get("availability", {}))
+        speed = dict(clock["speed"])  # an override may replace these dicts whole: their entries keep defaults
+        availability = dict(clock["availability"])
         trace = read_trace(clock["trace"]) if clock.get("trace") else {}
 
         def level_values(key: str) -> float | tuple[float, ...]:
             value = clock.get(key)
             return tuple(float(v) for v in value) if is_per_level(value) else float(value)
 
-        made = cls(int(seed), float(clock.get("step_seconds", 0.05)), str(speed.get("distribution", "constant")),
+        made = cls(int(seed), float(clock["step_seconds"]), str(speed.get("distribution", "constant")),
                    float(speed.get("value", 1.0)), float(speed.get("mu", 0.0)), float(speed.get("sigma", 1.0)),
                    float(availability.get("period", 600.0)), float(availability.get("online", 1.0)),
                    level_values("latency"), level_values("bandwidth"), trace)

@@ -66,9 +66,9 @@ class LevelPolicy:
 
     @classmethod
     def for_level(cls, clock: Mapping[str, Any], level: int) -> LevelPolicy:
-        if not clock or not clock.get("enabled", False):
+        if not clock["enabled"]:
             return cls()
-        kind = str(level_entry(clock.get("policy", "sync"), level, "clock.policy"))
+        kind = str(level_entry(clock["policy"], level, "clock.policy"))
         if kind not in POLICIES:
             raise ConfigError("clock.policy", f"unknown policy {kind!r}; known: {', '.join(POLICIES)}")
         stale = dict(clock.get("staleness") or {})
@@ -82,14 +82,16 @@ class LevelPolicy:
                 raise ConfigError(key, f"must be a whole number, got {value!r}")
             return made
 
-        policy = cls(kind, number("clock.deadline", level_entry(clock.get("deadline", math.inf), level, "clock.deadline")),
-                     number("clock.min_replies", level_entry(clock.get("min_replies", 0), level, "clock.min_replies"), int),
-                     str(clock.get("late", "drop")),
-                     number("clock.buffer", level_entry(clock.get("buffer", 1), level, "clock.buffer"), int),
-                     number("clock.concurrency", level_entry(clock.get("concurrency", 0), level, "clock.concurrency"), int),
+        # The clock's keys (ClockConfig) are all in conf/config.yaml; the nested staleness dict may be
+        # replaced whole by an override, so its entries keep the defaults of LevelPolicy's fields.
+        policy = cls(kind, number("clock.deadline", level_entry(clock["deadline"], level, "clock.deadline")),
+                     number("clock.min_replies", level_entry(clock["min_replies"], level, "clock.min_replies"), int),
+                     str(clock["late"]),
+                     number("clock.buffer", level_entry(clock["buffer"], level, "clock.buffer"), int),
+                     number("clock.concurrency", level_entry(clock["concurrency"], level, "clock.concurrency"), int),
                      str(stale.get("function", "constant")), number("clock.staleness.a", stale.get("a", 0.5)),
                      number("clock.staleness.b", stale.get("b", 4.0)),
-                     number("clock.max_staleness", clock.get("max_staleness", 0), int))
+                     number("clock.max_staleness", clock["max_staleness"], int))
         policy.check()
         return policy
 

@@ -199,16 +199,16 @@ BATCHED = ("auto", "on", "off")
 
 def batched_setting(runtime: Mapping) -> str:
     """``runtime.batched`` as one of auto|on|off (YAML reads a bare on/off as a boolean)."""
-    value = runtime.get("batched", "auto")
+    value = runtime["batched"]
     if isinstance(value, bool) or str(value).lower() in ("true", "false"):
         return "on" if str(value).lower() == "true" else "off"
     return str(value).lower()
 
 
 def _check_accelerators(alg: Mapping, runtime: Mapping) -> None:
-    device = str(runtime.get("device", "auto")).lower()
+    device = str(runtime["device"]).lower()
     if device not in DEVICES:
-        raise ConfigError("runtime.device", f"must be one of {', '.join(DEVICES)}, got {runtime.get('device')!r}")
+        raise ConfigError("runtime.device", f"must be one of {', '.join(DEVICES)}, got {runtime['device']!r}")
     if device == "cuda":
         import torch
 

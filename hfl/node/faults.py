@@ -29,8 +29,8 @@ KEYS = ("dropout", "dropout_nodes")  # runtime.<key>: devices, inner nodes
 
 
 def dropout_fractions(runtime: Mapping) -> tuple[float, float]:
-    """(devices, inner nodes): the runtime's dropout fractions, 0 where not set."""
-    return float(runtime.get("dropout", 0.0) or 0.0), float(runtime.get("dropout_nodes", 0.0) or 0.0)
+    """(devices, inner nodes): the runtime's dropout fractions (RuntimeConfig's keys, every runtime has them)."""
+    return float(runtime["dropout"]), float(runtime["dropout_nodes"])
 
 
 def dropout_count(asked: int, fraction: float) -> int:
