@@ -385,3 +385,31 @@ def test_bad_text_settings_are_refused_in_one_line(texts, overrides, key, words)
     with pytest.raises(ConfigError) as info:
         federation(cfg)
     assert str(info.value).startswith(key) and words in str(info.value) and "\n" not in str(info.value), info.value
+
+
+# ---------------------------------------------------------------- FEMNIST with the B-HFL prototype's LeNet
+def test_the_femnist_bhfl_preset_trains_lenet_on_a_femnist_shaped_dataset(tmp_path, digits):
+    """experiment=femnist_bhfl on a local dataset with FEMNIST's columns (image, writer_id, hsf_id,
+    character: 62 classes): 8 writers in 2 HSF series, one B-HFL round in process with LeNet, whose
+    parameters are those of the layer sizes the notes give (6@5x5, 16@5x5, 256 -> 120 -> 84 -> 62)."""
+    from hfl.models import build_model
+
+    x, y, _ = digits
+    writer = np.random.default_rng(3).integers(0, 8, 400)
+    datasets.Dataset.from_dict(
+        {"image": list(x[:400]), "writer_id": [f"f{w:04d}" for w in writer], "hsf_id": writer % 2,
+         "character": y[:400] + 10 * (writer[:400] % 6)},  # 0..59 of 62
+        features=datasets.Features({"image": datasets.Array2D((28, 28), "uint8"), "writer_id": datasets.Value("string"),
+                                    "hsf_id": datasets.Value("int64"),
+                                    "character": datasets.ClassLabel(num_classes=62)}),
+    ).save_to_disk(str(tmp_path / "femnist"))
+    cfg = compose_cfg("experiment=femnist_bhfl", "dataset.hub=null", f"dataset.path={tmp_path / 'femnist'}",
+                      "dataset.image_mode=null", "global_rounds=1", "algorithm.local_steps=5", "runtime=inprocess",
+                      "runtime.torch_threads=1")
+    fed = federation(cfg)
+    assert len(fed.devices) == 8 and len(fed.level1_devices) == 2 and fed.num_classes == 62
+    lenet = build_model(cfg["model"], fed.input_shape, fed.num_classes)
+    want = (1 * 25 * 6 + 6) + (6 * 25 * 16 + 16) + (256 * 120 + 120) + (120 * 84 + 84) + (84 * 62 + 62)
+    assert sum(p.numel() for p in lenet.parameters()) == want
+    summary = run(cfg, tmp_path / "run")
+    assert summary["failures"] == 0 and np.isfinite(summary["final"]["gm_accuracy"])

@@ -127,6 +127,27 @@ class Conv4(BodyHead):
         super().__init__(body, 64 * (height // 16) * (width // 16), num_classes)
 
 
+class LeNet(BodyHead):
+    """The B-HFL prototype's FEMNIST network (../shared/notes/bhfl.md): Conv 5x5 (6) -> MaxPool 2 ->
+    Conv 5x5 (16) -> MaxPool 2, flattened (256 features for 28x28 inputs), Linear 120 -> Linear 84,
+    then the head. The notes give the layer sizes only: ReLU after each conv and hidden linear layer
+    and max pooling are assumed (LeNet-style as PyTorch writes it), no padding."""
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
+        channels, height, width = _image_shape("lenet", input_shape)
+        if min(height, width) < 16:  # 5x5 conv, pool, 5x5 conv, pool: (side - 4) // 2 - 4 must be >= 2
+            raise ConfigError("model.name", f"lenet needs H, W >= 16, got {tuple(input_shape)}")
+        flat = 16 * (((height - 4) // 2 - 4) // 2) * (((width - 4) // 2 - 4) // 2)
+        body = nn.Sequential(
+            nn.Conv2d(channels, 6, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(flat, 120), nn.ReLU(),
+            nn.Linear(120, 84), nn.ReLU(),
+        )
+        super().__init__(body, 84, num_classes)
+
+
 class BasicBlock(nn.Module):
     """ResNet's basic block: conv3x3-BN-ReLU-conv3x3-BN plus the shortcut (identity, or a
     1x1 conv + BN where the stride or width changes), then ReLU. Convolutions have no bias."""
@@ -171,7 +192,7 @@ class ResNet9(BodyHead):
 
 
 MODELS = {"mclr": MCLR, "dnn": DNN, "cnn": CNN, "mlp": MLP, "pflego_cnn": PflegoCNN, "conv4": Conv4,
-          "resnet9": ResNet9}
+          "resnet9": ResNet9, "lenet": LeNet}
 
 
 def build_model(model_cfg: Mapping, input_shape: Sequence[int], num_classes: int) -> nn.Module:
