@@ -1,6 +1,8 @@
 """Hugging Face datasets as a data source (hfl/data/huggingface.py): devices equal Flower Datasets'
 partitions for the same seed, natural ids as devices and groups as teams, hfl's own partitions on
-the same data, one-line refusals, a natural tree trained end to end with PerMFL and B-HFL, resumed.
+the same data, one-line refusals, a natural tree trained end to end with PerMFL and B-HFL, resumed;
+text columns (a hashed bag of words, character ids); the FEMNIST preset with LeNet. Ray, SIGKILL
+and the deployed device: tests/test_hf_datasets_runtimes.py; a deployment: tests/test_hf_deployment.py.
 
 The datasets are made here, offline: the MNIST test split of ../shared/data (seeded random digits
 where it is absent) with a synthetic ``writer`` column (12 writers, strings) and ``group`` column
