@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from hfl.output.console import ROUND, SHOW, ConsoleHandler, job_line, round_line
+from hfl.output.console import ROUND, SHOW, STARTUP, ConsoleHandler, job_line, round_line
 from hfl.output.report import load_run
 from tests.conftest import SMALL
 
@@ -79,9 +79,32 @@ def test_a_run_shows_hfl_lines_warnings_and_errors_only():
         "WARNING: a team's evaluation failed", "ERROR: An exception occurred"]
 
 
-def test_a_multirun_job_shows_its_line_warnings_and_errors_only():
+def test_a_multirun_job_shows_its_rounds_line_warnings_and_errors_only():
     assert shown("multirun", *RECORDS).splitlines() == [
-        "WARNING: a team's evaluation failed", "ERROR: An exception occurred", "#0 done"]
+        "round 1/2  PM  50.00%", "WARNING: a team's evaluation failed", "ERROR: An exception occurred", "#0 done"]
+
+
+def test_start_up_milestones_of_ray_and_flower_become_hfl_lines(caplog):
+    """Attached as install() attaches it: Ray's and Flower's records of a phase give hfl's line (in the log
+    file too), with the seconds since the start-up line before; a -m job's lines lead with its prefix."""
+    buffer = io.StringIO()
+    handler = ConsoleHandler("multirun", Console(file=buffer, force_terminal=False, width=200, soft_wrap=True))
+    handler.prefix = "#1 seed=1: "
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            logging.getLogger("hfl").info("hfl: starting", extra={SHOW: "run", STARTUP: True})
+            logging.getLogger("ray._private.worker").info("Started a local Ray instance.")
+            logging.getLogger("flwr").debug("Constructed ActorPool with: 3 actors")
+            logging.getLogger("flwr").info("[ROUND 1]")
+    finally:
+        root.removeHandler(handler)
+    lines = [re.sub(r"[0-9]+\.[0-9] s", "N s", line) for line in buffer.getvalue().splitlines()]
+    assert lines == ["#1 seed=1: starting", "#1 seed=1: Ray started in N s",
+                     "#1 seed=1: Ray's 3 actors ready in N s; round 1 first builds each level-1 node and its "
+                     "devices in its actor"]
+    assert "hfl: Ray started in" in caplog.text
 
 
 def test_verbose_shows_everything_as_hydra_formats_it():
@@ -150,7 +173,16 @@ def test_ray_run_console_keeps_flower_and_ray_in_the_log_file(tmp_path):
     console = check_console(proc, tmp_path, rounds)
     log = (tmp_path / "simulate.log").read_text()
     assert "DEPRECATED FEATURE" in log and "Started a local Ray instance" in log
-    assert not any("pid=" in line or "Ray" in line for line in console), "\n".join(console)
+    assert not any("pid=" in line for line in console), "\n".join(console)
+    # The start-up's phases, between the header and round 1 (off a terminal nothing else moves meanwhile);
+    # the only lines that name Ray, and in the log file too.
+    first_round = next(i for i, line in enumerate(console) if line.startswith("round 1/"))
+    startup = [line for line in console[:first_round] if line.startswith("hfl: ")][1:]
+    assert [re.sub(r"[0-9]+(\.[0-9]+)?", "N", line) for line in startup] == [
+        "hfl: starting Flower's simulation on a local Ray instance: N SuperNodes, one per level-N node",
+        "hfl: Ray started in N s",
+        "hfl: Ray's N actors ready in N s; round N first builds each level-N node and its devices in its actor"]
+    assert [line for line in console if "Ray" in line] == startup[:3] and all(line in log for line in startup)
 
 
 def test_multirun_prints_a_line_per_job(tmp_path):
@@ -159,8 +191,16 @@ def test_multirun_prints_a_line_per_job(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ours = [line for line in (proc.stdout + proc.stderr).splitlines() if "[HYDRA]" not in line]
-    assert ours == [job_line(load_run(tmp_path / str(job)), job) for job in (0, 1)]
-    assert all(f"-> {tmp_path / str(job)}" in ours[job] for job in (0, 1))
+    # each job: its start-up line, its rounds, led by the job and what it sweeps, then its one line
+    expected = []
+    for job in (0, 1):
+        run = load_run(tmp_path / str(job))
+        expected += [f"#{job} seed={job}: round 1 first builds each level-1 node and its devices, in this process",
+                     *(f"#{job} seed={job}: {round_line(line, 2)}" for line in run.metrics), job_line(run, job)]
+    assert ours == expected
+    assert [line[:18] for line in ours if re.match(r"#[0-9] seed=[0-9]: round [0-9]/", line)] == [
+        "#0 seed=0: round 1", "#0 seed=0: round 2", "#1 seed=1: round 1", "#1 seed=1: round 2"]
+    assert all(f"-> {tmp_path / str(job)}" in ours[3 + 4 * job] for job in (0, 1))
 
 
 # ---------------------------------------------------------------- one name per level

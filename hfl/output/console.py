@@ -1,12 +1,17 @@
-"""What ``hfl-simulate`` prints: a line per evaluated round, a progress bar while it runs
-(terminals only) and a summary table at the end; under Hydra's ``-m`` one line per job.
+"""What ``hfl-simulate`` prints: the start-up's phases (Ray's start, the level-1 nodes built), a line
+per evaluated round, a progress bar while it runs (terminals only) and a summary table at the end;
+under Hydra's ``-m`` each job's start-up and round lines led by the job's number and swept
+overrides (``#1 seed=1: round 3/30 ...``), and one line when it ends.
 
 Everything goes through :mod:`logging`, so the run's log file (Hydra's file handler) keeps
 every record, Flower's and Ray's included, while :class:`ConsoleHandler` decides what the
 console shows:
 
 * records marked with ``extra={SHOW: mode}`` in that mode only ("run": a single run,
-  "multirun": a job of ``-m``, "file": never);
+  "multirun": a job of ``-m``, "file": never), but for a run's round and start-up lines
+  (``ROUND``, ``STARTUP``), which a job of ``-m`` shows too, after its ``prefix``;
+* Ray's and Flower's start-up milestones (Ray started, its actors ready: ``MILESTONES``) as hfl's
+  own start-up lines, so a run without a terminal is not silent until round 1;
 * warnings and errors of hfl's own loggers (hfl, strategies, clients);
 * errors of any other logger (a Flower crash must be seen); while ``errors_held`` is in force
   they and the nodes' warnings wait for the run to go on (shown before its next round line) or
@@ -21,6 +26,8 @@ from __future__ import annotations
 
 import io
 import logging
+import re
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,10 +50,36 @@ from hfl.output.run_report import TRAFFIC_TEXT, human_bytes, level_results, run_
 ROUND = "hfl_round"  # the global round a record ends
 SHOW = "hfl_show"  # "run" | "multirun" | "file": where a record appears besides the log file
 RENDER = "hfl_render"  # a rich renderable the console prints instead of the message
+STARTUP = "hfl_startup"  # a start-up phase's line: shown by a run and by each job of -m
 PROJECT_LOGGERS = ("hfl", "strategies", "clients")
 MODES = ("run", "multirun", "verbose")
 HYDRA_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 RUN_FILES = ("metrics.jsonl", "summary.json", "report.md", "accuracy.png", "loss.png")
+
+
+# Other loggers' records that mark a start-up phase: (logger prefix, message pattern, hfl's line). Their
+# wording is Ray's and Flower's: should it change, the line is not shown and nothing else changes.
+# {0}...: the pattern's groups; {seconds}: since the start-up line before it.
+MILESTONES = (
+    ("ray", re.compile(r"Started a local Ray instance"), "Ray started in {seconds:.1f} s"),
+    ("ray", re.compile(r"Connected to Ray cluster"), "joined the Ray cluster in {seconds:.1f} s"),
+    ("flwr", re.compile(r"Constructed ActorPool with: (\d+) actors"),
+     "Ray's {0} actors ready in {seconds:.1f} s; round 1 first builds each level-1 node and its devices in its actor"),
+)
+
+
+def milestone(record: logging.LogRecord, seconds: float) -> str | None:
+    """hfl's start-up line for another logger's record that marks a phase (``seconds`` after the
+    start-up line before it), or None."""
+    for prefix, pattern, text in MILESTONES:
+        if record.name.split(".")[0] == prefix:
+            try:
+                found = pattern.search(record.getMessage())
+            except Exception:  # noqa: BLE001 - a malformed record is no milestone
+                return None
+            if found:
+                return text.format(*found.groups(), seconds=seconds)
+    return None
 
 
 def short_label(level: Level) -> str:
@@ -166,11 +199,15 @@ class ConsoleHandler(logging.Handler):
         self._progress: Progress | None = None
         self._task = None
         self._held: list[logging.LogRecord] | None = None  # other loggers' errors, while errors_held
+        self.prefix = ""  # a -m job's "#<job> <swept overrides>: " before its round and start-up lines
+        self.phase_started = time.monotonic()  # when the last start-up line was logged
 
     def shows(self, record: logging.LogRecord) -> bool:
         if self.mode == "verbose":
             return True
         show = getattr(record, SHOW, None)
+        if self.mode == "multirun" and show in (None, "run") and self._progress_line(record):
+            return True
         if show is not None:
             return show == self.mode
         if record.name.split(".")[0] in PROJECT_LOGGERS:
@@ -184,14 +221,27 @@ class ConsoleHandler(logging.Handler):
         if self.mode == "verbose":
             return Text(self.format(record))
         text = record.getMessage()
+        if self.mode == "multirun" and self._progress_line(record):
+            text = self.prefix + text.removeprefix("hfl: ")
         if record.exc_info:
             text += "\n" + self.formatter.formatException(record.exc_info)
         if record.levelno < logging.WARNING:
             return Text(text)
         return Text(f"{record.levelname}: {text}", style="red" if record.levelno >= logging.ERROR else "yellow")
 
+    @staticmethod
+    def _progress_line(record: logging.LogRecord) -> bool:
+        """A round line (evaluated: shown in a run) or a start-up line."""
+        return getattr(record, STARTUP, False) or (getattr(record, ROUND, None) is not None
+                                                    and getattr(record, SHOW, None) == "run")
+
     def emit(self, record: logging.LogRecord) -> None:
         try:
+            if getattr(record, STARTUP, False):
+                self.phase_started = time.monotonic()
+            elif self.mode != "verbose" and (line := milestone(record, time.monotonic() - self.phase_started)):
+                # logged as hfl's, so the log file has it too (this handler's lock is re-entrant)
+                logging.getLogger("hfl").info("hfl: %s", line, extra={SHOW: "run", STARTUP: True})
             if self._held is not None and self._holds(record):
                 self._held.append(record)
                 return

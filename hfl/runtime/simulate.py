@@ -7,6 +7,7 @@ import logging
 import logging.handlers
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -70,8 +71,15 @@ def run_inprocess(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None,
     server = root_server(cfg, run_dir, manager, start, tracker, fit_many=(
         lambda server_round, timeout: fit_in_lockstep(batched.run_plan_requests, server_round, timeout)) if lockstep else None)
     freeze_long_lived_objects()
+    startup_line("round 1 first builds each level-1 node and its devices, in this process")
     server.set_max_workers(1)  # one level-1 node after the other (fit and evaluation rounds)
     server.fit(num_rounds=rounds_left(cfg, start), timeout=None)
+
+
+def startup_line(text: str) -> None:
+    """A start-up phase on the console (a run's and each -m job's) and in the log file: without a
+    terminal (no progress bar) the seconds before round 1 are otherwise silent."""
+    log.info("hfl: %s", text, extra={console.SHOW: "run", console.STARTUP: True})
 
 
 def _actor_lines_to_log(data: dict, ignore_prefix: bool = False) -> None:
@@ -140,13 +148,17 @@ def run_simulation(cfg: Mapping, run_dir: Path, start: Checkpoint | None = None,
     runtime = cfg["runtime"]
     verbose = bool(runtime["verbose"])
     init_args = ray_init_args(runtime)
+    supernodes = len(federation_for(cfg).tree.children(""))
+    where = ("a local Ray instance" if init_args["address"] == "local"
+             else f"the Ray cluster at {init_args['address']}")
+    startup_line(f"starting Flower's simulation on {where}: {supernodes} SuperNodes, one per level-1 node")
     # Ray's lines always reach the log file; runtime.verbose lets the console show them too
     # (hfl.output.console), and Flower's DEBUG lines, which the log file always has.
     with ray_output_to_log() as logging_args, simulation_polling(runtime.get("poll_interval")), interrupts.kept_from_ray():
         flwr_run_simulation(
             server_app=make_server_app(cfg, run_dir, start, tracker),
             client_app=make_client_app(cfg),
-            num_supernodes=len(federation_for(cfg).tree.children("")),
+            num_supernodes=supernodes,
             backend_config={"client_resources": {"num_cpus": runtime["num_cpus_per_team"], "num_gpus": float(runtime.get("num_gpus_per_team", 0.0))},
                             "init_args": {**init_args, **logging_args}},
             verbose_logging=verbose,
@@ -353,6 +365,9 @@ def task(cfg: DictConfig) -> float | None:
     overrides, config_name = list(hydra_cfg.overrides.task), str(hydra_cfg.job.config_name)
     plain: dict | None = None
     held = HeldLog()
+    if hydra_cfg.mode == RunMode.MULTIRUN:  # the job's lines say which job they are
+        swept = ",".join(tracking.swept_overrides(overrides, sys.argv[1:]))
+        handler.prefix = f"#{hydra_cfg.job.num}{f' {swept}' if swept else ''}: "
 
     def accepted() -> None:
         held.release(True)
