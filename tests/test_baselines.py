@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from hfl.node.round_counters import RoundCounters
 import pytest
 import torch
 from flwr.common import (
@@ -190,7 +192,7 @@ def test_flat_pfedme_two_tiers_equal_one_weighted_mean_over_all_devices(tmp_path
         params, _ = strategy.aggregate_fit(1, results, [])
         team_models.append((parameters_to_ndarrays(params)[0][0], sum(n for _, n in team)))
     server = root_strategy(PFedMeServer, x, alg, tmp_path, num_children=2, num_rounds=1)
-    server._round = dict.fromkeys(("failures", "bytes_up_global", "bytes_down_team", "bytes_up_team", "compute_seconds"), 0)
+    server.counts = RoundCounters()
     results = [(Proxy(f"t{t}"), _fit_res(v, n, level1_index=t)) for t, (v, n) in enumerate(team_models)]
     got = parameters_to_ndarrays(server.aggregate_fit(1, results, [])[0])[0]
     flat = (10 * 1.0 + 30 * 4.0 + 60 * 10.0) / 100  # 7.3

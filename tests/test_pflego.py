@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+
+from hfl.node.round_counters import RoundCounters
 import pytest
 import torch
 import torch.nn.functional as F
@@ -167,7 +169,7 @@ def test_root_calls_only_the_subtrees_holding_a_drawn_device(tmp_path):
         manager.register(proxy)
     seen_skip = False
     for rnd in range(1, 6):
-        strategy._round = {}
+        strategy.counts = RoundCounters()
         children = strategy._level1(manager, rnd)  # by path, in tree order
         assert [c.cid for c in children] == ["0", "1", "2"] and [c.proxy.path for c in children] == ["0", "1", "2"]
         drawn_set, extra = strategy._draw(rnd)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+
+from hfl.node.round_counters import RoundCounters
 import pytest
 from flwr.common import (
     Code,
@@ -65,7 +67,7 @@ def test_team_round_below_min_fraction_aggregates_nothing():
 
 def test_global_strategy_fails_loudly_without_team_models(tmp_path):
     strategy = root_strategy(PerMFLServer, [np.zeros(1, dtype=np.float32)], ALG, tmp_path, num_children=2, num_rounds=3)
-    strategy._round = {k: 0 for k in ("failures", "bytes_up_global", "bytes_down_team", "bytes_up_team", "compute_seconds")}
+    strategy.counts = RoundCounters()
     params, stats = strategy.aggregate_fit(1, [(Proxy("a"), reply(np.nan, 5, level1_index=0))], [RuntimeError("died")])
     # as every node's round: nothing aggregated, and the loop stops the run naming the root (tests/test_faults.py)
     assert params is None and stats == {"rejected": 1, "failures": 1, "aggregated": 0, "needed": 1}
@@ -95,7 +97,7 @@ def test_the_root_keeps_its_model_and_rule_state_in_the_store_and_is_rebuilt_fro
 
     x = [np.array([8.0], dtype=np.float32)]
     root = root_strategy(PerMFLServer, x, {**ALG, "beta": 0.5, "gamma": 1.5}, tmp_path, num_children=2, num_rounds=3)
-    root._round = {k: 0 for k in ("failures", "bytes_up_global", "bytes_down_team", "bytes_up_team", "compute_seconds")}
+    root.counts = RoundCounters()
     root.store.round = 1
     results = [(Proxy("a"), reply(2.0, 1, level1_index=0)), (Proxy("b"), reply(6.0, 3, level1_index=1))]
     root.aggregate_fit(1, results, [])
@@ -143,7 +145,7 @@ def test_global_strategy_refuses_a_node_count_that_differs_from_the_topology(tmp
 
 def test_global_strategy_refuses_two_nodes_serving_one_team(tmp_path):
     strategy = root_strategy(PerMFLServer, [np.zeros(1, dtype=np.float32)], ALG, tmp_path, num_children=2, num_rounds=1)
-    strategy._round = {k: 0 for k in ("failures", "bytes_up_global", "bytes_down_team", "bytes_up_team", "compute_seconds")}
+    strategy.counts = RoundCounters()
     results = [(Proxy("a"), reply(1.0, 5, level1_index=0)), (Proxy("b"), reply(2.0, 5, level1_index=0))]
     with pytest.raises(RuntimeError, match=r"root round 1: two replies from the same child \(level1_index \[0\]\)"):
         strategy.aggregate_fit(1, results, [])
@@ -156,13 +158,13 @@ def test_global_evaluation_pools_the_teams_that_answered_and_counts_the_others(t
     from flwr.common import EvaluateRes
 
     strategy = root_strategy(PerMFLServer, [np.zeros(1, dtype=np.float32)], ALG, tmp_path, num_children=2, num_rounds=1)
-    strategy._round = {"start": time.perf_counter(), "failures": 0, "bytes_down_team": 0, "bytes_up_team": 0, "compute_seconds": 0}
+    strategy.counts = RoundCounters()
     report = {"level1_index": 1, "gm_correct": 3, "gm_n": 4, "gm_loss_sum": 2.0, "gm_devices": json.dumps([[7, 3, 4]])}
     loss, metrics = strategy.aggregate_evaluate(
         1, [(Proxy("a"), EvaluateRes(Status(Code.OK, ""), 0.5, 4, report))], [RuntimeError("team 0 run failed")]
     )
     assert metrics["gm_accuracy"] == 0.75 and loss == 0.5
-    assert strategy._round["failures"] == 1 and strategy._round["evaluation_failures"] == 1
-    strategy._round = {"start": time.perf_counter(), "failures": 0, "bytes_down_team": 0, "bytes_up_team": 0, "compute_seconds": 0}
+    assert strategy.counts["failures"] == 1 and strategy.counts["evaluation_failures"] == 1
+    strategy.counts = RoundCounters()
     with pytest.raises(RuntimeError, match="evaluation failed on all 2 level-1 node"):
         strategy.aggregate_evaluate(1, [], [RuntimeError("x"), RuntimeError("y")])

@@ -287,7 +287,7 @@ def test_samples_are_recorded_in_team_order_whatever_the_arrival_order(tmp_path)
     for cid, path in (("9", 0), ("3", 1)):  # Flower's ids sort the other way round
         manager.register(Level1(cid, path))
     strategy.fit_round(1, manager, fit_together(1))
-    rows = [record for block in strategy._round["samples"] for record in json.loads(block)]  # as the recorder writes them
+    rows = [record for block in strategy.counts["samples"] for record in json.loads(block)]  # as the recorder writes them
     assert rows == json.loads(records[0]) + json.loads(records[1])
 
 

@@ -41,6 +41,7 @@ from hfl.node.inprocess import (ChildProxies, EvaluateCalls, FitMany, LazyClient
 from hfl.errors import ConfigError
 from hfl.node.client import EVAL_SAMPLES, node_key, rule_state
 from hfl.node.evaluation import pool_evaluations
+from hfl.node.round_counters import RoundCounters
 from hfl.rules.payload import payload_nbytes
 from hfl.node.strategy import LEVEL1_INDEX, NodeStrategy, node_order
 from hfl.state.store import StateStore
@@ -117,7 +118,7 @@ class RootStrategy(Strategy):
         self.selection = selection  # how its rounds pick level-1 nodes (hfl.node.cohort), as every node's
         self.evaluation = evaluation  # sampled evaluation (eval_fraction); None: every device is tested
         self._paths: dict[str, str] = {}  # level-1 node cid -> its path (asked once)
-        self._round: dict[str, float] = {}
+        self.counts = RoundCounters()  # what the round did, under the outputs' names (hfl.node.round_counters)
 
     def _restore(self) -> None:
         """The rule, its model and the clock, built from the root's stored state as every node builds
@@ -161,8 +162,7 @@ class RootStrategy(Strategy):
         """Global round ``server_round``: the node's round loop (hfl.node.inprocess.run_fit_rounds,
         as every inner node runs it) over the level-1 nodes this round asks, with this strategy's
         configure_fit and aggregate_fit; then the root's state is saved as a version of the round."""
-        self._round = {"start": time.perf_counter(), "bytes_down_global": 0, "bytes_up_global": 0,
-                       "bytes_down_team": 0, "bytes_up_team": 0, "compute_seconds": 0.0, "failures": 0}
+        self.counts = RoundCounters()
         self._restore()
         self.store.round = server_round  # the root's state is a version of this round (hfl.state.store)
         children = self._level1(client_manager, server_round)
@@ -177,26 +177,7 @@ class RootStrategy(Strategy):
                                        fit_many, self.timer, first_round=server_round)
         except RuntimeError as exc:  # named as a node's failure is (hfl.node.client): "root: round 3: ..."
             raise RuntimeError(f"root: {exc}") from exc
-        if cohort.rows:  # whom it asked (samples.jsonl), before its subtrees' records
-            self._round.setdefault("samples", []).append(json.dumps(cohort.rows))
-        self._round["bytes_down_global"] += report.bytes_down
-        self._round["bytes_up_global"] += report.bytes_up
-        # The subtrees' counters, as the loop added them up for every node (hfl.node.inprocess.SUBTREE_COUNTERS),
-        # under the root's recorded names; their sample records after the root's own.
-        self._count_child_report(report.subtree)
-        self._round["failures"] += int(report.subtree.get("device_failures", 0))
-        if report.child_samples:
-            self._round.setdefault("samples", []).append(json.dumps(report.child_samples))
-        rejected = int(report.metrics[-1].get("rejected", 0)) if report.merged_rounds else 0
-        self._round["failures"] += report.failures + rejected
-        self._round["failures_level1"] = self._round.get("failures_level1", 0) + report.failures + rejected
-        if self.timer is not None:
-            self._round["sim_time"] = report.sim_time
-            self._round["late_level1"] = self._round.get("late_level1", 0) + report.late
-            self._round["stale_level1"] = self._round.get("stale_level1", 0) + report.stale
-            for key, count in (("merged_rounds_level0", report.merged_rounds), ("empty_rounds_level0", report.empty_rounds)):
-                if count:
-                    self._round[key] = self._round.get(key, 0) + count
+        self.counts.fit(report, cohort.rows, timed=self.timer is not None)
         self._save(cohort)
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
@@ -236,32 +217,15 @@ class RootStrategy(Strategy):
         if self.device_sampling is None:
             return None, {}
         drawn = self.device_sampling.draw(server_round)
-        self._record({"devices": drawn}, server_round)
+        self.counts.root_row({"devices": drawn}, server_round)
         return frozenset(drawn), {"devices": ",".join(map(str, drawn))}
-
-    def _record(self, entry: dict, server_round: int) -> None:
-        """One of the root's own rows of samples.jsonl."""
-        record = [{"node": "root", "round": str(server_round), **entry}]
-        self._round.setdefault("samples", []).append(json.dumps(record))
-
-    def _count_child_report(self, metrics: Mapping[str, Scalar]) -> None:
-        """Add a level-1 node's subtree counters (bytes per edge level, seconds) to the round's."""
-        for key, value in metrics.items():
-            if key in ("bytes_down_team", "bytes_up_team", "compute_seconds") or (
-                key.startswith(("bytes_down_level", "bytes_up_level", "failures_level", "late_level", "stale_level",
-                                "merged_rounds_level", "empty_rounds_level"))
-                and key[-1].isdigit()
-            ):
-                self._round[key] = self._round.get(key, 0) + value
 
     def _save(self, cohort: Cohort) -> None:
         clock = {}
         if self.timer is not None:  # the run's rounds merged or empty per level so far (a resumed run goes on from them)
-            for key, value in self._round.items():
-                level = key.rsplit("level", 1)[-1]
-                if key.startswith(("merged_rounds_level", "empty_rounds_level")) and level.isdigit():
-                    kind = key.split("_", 1)[0]
-                    self.merges.setdefault(level, {"merged": 0, "empty": 0})[kind] += int(value)
+            for level, counts in self.counts.merges_per_level().items():
+                for kind, value in counts.items():
+                    self.merges.setdefault(level, {"merged": 0, "empty": 0})[kind] += value
             clock = {**self.timer.state(), MERGES: np.frombuffer(json.dumps(self.merges).encode(), dtype=np.uint8)}
         self.store.save(ROOT_KEY, {**model_state(self.current), **self.rule.state(), **cohort.state(), **clock})
 
@@ -275,7 +239,7 @@ class RootStrategy(Strategy):
         children = self._evaluated_children(server_round, self._level1(client_manager, server_round))
         arrays, meta = self.rule.evaluation_message(self.current)
         parameters = ndarrays_to_parameters(arrays)
-        self._round["bytes_down_global"] += payload_nbytes(parameters) * len(children)
+        self.counts.add("bytes_down_global", payload_nbytes(parameters) * len(children))
         timed = {} if self.timer is None else {SIM_TIME: self.timer.time}  # data may drift (hfl.clock.shift)
         ins = EvaluateIns(parameters, {**meta, "global_round": server_round, **timed})
         return [(proxy, ins) for proxy in children]
@@ -305,7 +269,7 @@ class RootStrategy(Strategy):
         if self.evaluation is None or self.evaluation.fraction >= 1:
             return children
         asked = evaluation_sample(children, self.evaluation.fraction, self.evaluation.seed, "", server_round)
-        self._record({"evaluated": [p.cid for p in asked]}, server_round)
+        self.counts.root_row({"evaluated": [p.cid for p in asked]}, server_round)
         return asked
 
     def aggregate_evaluate(self, server_round, results, failures):  # noqa: ANN001
@@ -313,14 +277,14 @@ class RootStrategy(Strategy):
             raise RuntimeError(f"global round {server_round}: evaluation failed on all {len(failures)} level-1 node(s)")
         for failure in failures:  # the other level-1 nodes' devices are still pooled; the loss is counted
             log.warning("global round %d: a level-1 node's evaluation failed: %s", server_round, failure)
-        self._round["failures"] += len(failures)
-        self._round["evaluation_failures"] = len(failures)
+        self.counts.add("failures", len(failures))
+        self.counts.values["evaluation_failures"] = len(failures)
         # In node order, not arrival order, so that float sums are reproducible.
         reports = sorted((res.metrics for _, res in results), key=node_order)
         for report in reports:
-            self._count_child_report(report)
+            self.counts.subtree(report)
             if report.get(EVAL_SAMPLES):  # the children each node asked to evaluate
-                self._round.setdefault("samples", []).append(str(report[EVAL_SAMPLES]))
+                self.counts.samples(str(report[EVAL_SAMPLES]))
         pooled = pool_evaluations(reports, None if self.evaluation is None else self.evaluation.population)
         pooled.update(self.rule.evaluation_metrics(self.current))
         self._finish(server_round, pooled)
@@ -329,11 +293,11 @@ class RootStrategy(Strategy):
 
     def _finish(self, server_round: int, evaluation: dict | None) -> None:
         """The round is over: what it did, for whoever observes the run (RootServer hands it on)."""
-        seconds = time.perf_counter() - self._round.pop("start")
+        seconds, counters = self.counts.finish()
         idle = never_merged(self.merges) if self.timer is not None and server_round == self.num_rounds else []
         for level in idle:
             log.warning("%s", idle_message(level, self.merges[level], server_round))
-        self.finished = RoundDone(server_round, seconds, dict(self._round), evaluation, self.current,
+        self.finished = RoundDone(server_round, seconds, counters, evaluation, self.current,
                                   [int(level) for level in idle])
 
     def check_trained(self, done: RoundDone) -> None:
