@@ -115,6 +115,14 @@ def test_the_tours_loopback_deployment_runs_as_typed(tmp_path):
     assert "finished:completed" in proc.stdout, (proc.stdout + proc.stderr)[-4000:]
     (run,) = (tmp_path / "dep" / "out").iterdir()
     assert "seed: 0" in (run / "report.md").read_text()
+    # submit says the rounds as they end and the summary table (the run's folder is on this host)
+    out = proc.stdout.splitlines()
+    rounds = [line for line in out if re.match(r"round [12]/2  PM ", line)]
+    assert [line[:9] for line in rounds] == ["round 1/2", "round 2/2"], proc.stdout[-4000:]
+    done = next(i for i, line in enumerate(out) if "finished:completed" in line)
+    assert out.index(rounds[-1]) < done and out[done + 2].split()[0] == "model"
+    assert [line.split()[0] for line in out[done + 3:done + 6]] == ["PM", "level1", "GM"]
+    assert any(line.startswith("outputs: ") and "report.md" in line for line in out[done:])
 
 
 def test_mkdocs_serve_serves_the_site_on_loopback(tmp_path):

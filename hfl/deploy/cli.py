@@ -104,7 +104,7 @@ def submit(args: argparse.Namespace) -> int:
     output_dir = Path(args.output_dir)
     if not output_dir.is_absolute():
         raise SystemExit("hfl-deploy submit: --output-dir must be absolute (it is a path on the global host)")
-    from hfl.deploy.submit import COMPLETED, see_through
+    from hfl.deploy.submit import COMPLETED, RoundsShown, see_through
 
     run_name = args.run_name or time.strftime("%Y-%m-%d_%H-%M-%S")
     from hfl.output.paths import confined_name, run_dir
@@ -119,8 +119,10 @@ def submit(args: argparse.Namespace) -> int:
             print(f"hfl-deploy: run {run_id} submitted; outputs on the global host in {output_dir / run_name}",
                   flush=True)
             return 0
+        say = lambda line: print(line, flush=True)  # noqa: E731
         status = see_through(link, run_config, Path(home) / "run-config.toml", args.timeout, args.restarts,
-                             args.reconnect_seconds, say=lambda line: print(line, flush=True))
+                             args.reconnect_seconds, say=say,
+                             rounds=RoundsShown(output_dir / run_name, int(cfg["global_rounds"]), say))
     if status != COMPLETED:
         print(f"hfl-deploy: to go on with the run after its last completed round: hfl-deploy submit ... "
               f"--run-name {run_name} {shlex.join([*args.overrides, 'resume=true'])}", flush=True)
