@@ -143,6 +143,19 @@ def _stack(values: Any, key: str) -> np.ndarray:
     return arr
 
 
+def _values(ds: Any, table: Any, name: str) -> Any:
+    """A column's values: a plain numeric Arrow column straight from Arrow (datasets' numpy format
+    checks every value in Python: 2.8 s of a million-writer pool's 6.6 s start-up, 8 feature
+    columns), any other (arrays, images, nulls) through the numpy format."""
+    import pyarrow as pa
+
+    col = ds.with_format("arrow")[name]
+    if isinstance(col, pa.ChunkedArray) and col.null_count == 0 and (
+            pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type)):
+        return col.to_numpy()
+    return table[name][:]
+
+
 def _image_layout(x: np.ndarray, key: str) -> np.ndarray:
     """Images as (n, C, H, W): a grey (n, H, W) gets a channel, channels-last (n, H, W, C) is moved."""
     if x.ndim == 3:
@@ -204,7 +217,7 @@ def load_pool(cfg: Mapping) -> Pool:
     ds = ds.add_column(ROW, np.arange(len(ds), dtype=np.int64))
 
     table = ds.with_format("numpy")
-    y = _stack(table[label][:], "dataset.columns.label")
+    y = _stack(_values(ds, table, label), "dataset.columns.label")
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
         raise ConfigError("dataset.columns.label", f"column {label!r} must hold one integer class per row, got {y.dtype} "
                                                    f"rows of shape {y.shape[1:]}")
@@ -223,7 +236,7 @@ def load_pool(cfg: Mapping) -> Pool:
         x = encode_text(ds.with_format("arrow")[text].to_pylist(), cfg.get("text") or {})
     else:
         cols = [features] if isinstance(features, str) else list(features)
-        parts = [_stack(table[c][:], "dataset.columns.features").reshape(len(ds), -1) for c in cols]
+        parts = [_stack(_values(ds, table, c), "dataset.columns.features").reshape(len(ds), -1) for c in cols]
         x = np.concatenate(parts, axis=1)
     return Pool(ds, np.ascontiguousarray(x), y, tuple(int(s) for s in x.shape[1:]), num_classes, _scaler(cfg, x))
 
@@ -448,19 +461,21 @@ def _group_teams(cfg: Mapping, pool: Pool, parts: list[np.ndarray], ids: list[An
     """Level-1 nodes from the group column: the devices whose rows carry each group value (sorted)."""
     key, name = "dataset.columns.group", column(cfg, "group")
     values = np.asarray(pool.dataset.with_format("numpy")[name][:])
-    of_device = []
-    for d, idx in enumerate(parts):
-        found = np.unique(values[idx])
-        if len(found) != 1:
-            raise ConfigError(key, f"natural id {ids[d]!r} has rows in {len(found)} groups of column {name!r} "
-                                   f"({', '.join(map(str, found[:3]))}); a device must be in one group")
-        of_device.append(found[0])
-    order = sorted(set(of_device))
-    index = {g: t for t, g in enumerate(order)}
-    teams: list[list[int]] = [[] for _ in order]
-    for d, g in enumerate(of_device):
-        teams[index[g]].append(d)
-    return teams
+    # Whole-array work, not a loop per device: a million natural ids took 4.5 s more in np.unique per device.
+    _, codes = np.unique(values, return_inverse=True)  # codes: group numbers in sorted group order
+    lengths = np.fromiter((len(idx) for idx in parts), dtype=np.int64, count=len(parts))  # each >= 1: a natural id has rows
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    rows = codes.reshape(-1)[np.concatenate(parts)] if parts else np.zeros(0, dtype=np.int64)
+    low, high = np.minimum.reduceat(rows, starts), np.maximum.reduceat(rows, starts)
+    mixed = np.flatnonzero(low != high)
+    if len(mixed):
+        d = int(mixed[0])
+        found = np.unique(values[parts[d]])
+        raise ConfigError(key, f"natural id {ids[d]!r} has rows in {len(found)} groups of column {name!r} "
+                               f"({', '.join(map(str, found[:3]))}); a device must be in one group")
+    by_group = np.argsort(low, kind="stable")  # devices in ascending order within each group
+    _, counts = np.unique(low, return_counts=True)  # the groups some device holds, in sorted group order
+    return [team.tolist() for team in np.split(by_group, np.cumsum(counts)[:-1])]
 
 
 def check_topology(topology_cfg: Mapping, teams: list[list[int]], what: str, per_team: int | None = None) -> None:
