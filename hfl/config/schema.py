@@ -118,6 +118,31 @@ class AlgorithmConfig:
     local_labels: bool = False  # devices index their own classes (PFLEGO's heads; FedAvg/FedPer as its baselines)
     local_epochs: Optional[int] = None  # epochs of local training, where an algorithm counts epochs not steps
 
+    # What the per-level keys give at one level (the engine reads these from NodeContext.params and
+    # hfl.config.typed.algorithm_params; OmegaConf composes the fields only).
+    def rounds_at(self, level: int, depth: int) -> int:
+        """Rounds a node at ``level`` (1..depth-1) runs per call: ``level_rounds[level-1]`` where
+        given, else ``team_rounds`` at the lowest server level and 1 above it (so FedAvg's means
+        compose into one flat mean, and HierFAVG has its K rounds at the lowest level)."""
+        if self.level_rounds is not None:
+            return int(self.level_rounds[level - 1])
+        return int(self.team_rounds) if level == depth - 1 else 1
+
+    def fraction_at(self, level: int) -> float:
+        """The fraction of its children a node at ``level`` asks per round (``sample_fraction``: one
+        number for every level, or a list, root first); 1 with ``sampling=devices``, where the root
+        draws devices and nodes ask the children that hold them."""
+        if self.sampling == "devices":
+            return 1.0
+        fraction = self.sample_fraction
+        return float(fraction[level] if isinstance(fraction, list | tuple) else fraction)
+
+    def candidates_at(self, level: int) -> float:
+        """The share of its children a node at ``level`` draws as candidates for a loss-aware choice
+        (``candidates``, power-of-choice: hfl.node.cohort); 0: none."""
+        candidates = self.candidates
+        return float(candidates[level] if isinstance(candidates, list | tuple) else candidates)
+
 
 @dataclass
 class HierFAVGConfig(AlgorithmConfig):

@@ -60,9 +60,9 @@ def build_global_strategy(cfg: Mapping, run_dir: str | Path) -> RootStrategy:
         return server(NodeContext(params, run, "", fed.tree.depth, initial, state, fed, run_dir=Path(run_dir)))
 
     device_sampling = None
-    if alg["sampling"] == "devices":
+    if params.sampling == "devices":
         holds = {path: frozenset(fed.tree.devices_under(path)) for path in fed.tree.children("")}
-        device_sampling = DeviceDraw(len(fed.devices), float(alg["sample_fraction"]), int(cfg["seed"]), holds)
+        device_sampling = DeviceDraw(len(fed.devices), float(params.sample_fraction), int(cfg["seed"]), holds)
     strategy = RootStrategy(
         make_rule,
         StateStore(cfg["runtime"]["state_dir"] or Path(run_dir) / "state"),
@@ -71,7 +71,7 @@ def build_global_strategy(cfg: Mapping, run_dir: str | Path) -> RootStrategy:
         eval_every=int(cfg["eval_every"]),
         wait_seconds=float(cfg["runtime"]["team_wait_seconds"]),
         device_sampling=device_sampling,
-        min_fit_fraction=float(alg["min_fit_fraction"]),
+        min_fit_fraction=params.min_fit_fraction,
         selection=level_selection(cfg, 0, lowest=False),  # runtime.dropout_nodes: it drops level-1 nodes too
         # eval_fraction: the root's share of the level-1 nodes; the intervals are drawn against every device
         evaluation=EvaluationDraw(eval_fraction(cfg, 0, fed.tree.depth), int(cfg["seed"]), fed.tree.num_devices)

@@ -179,51 +179,22 @@ def uses_batched(cfg: Mapping, trainer: LocalTrainer) -> bool:
 
 
 # ---------------------------------------------------------------- per-level settings
-def level_rounds(alg: Mapping, level: int, depth: int) -> int:
-    """Rounds a node at ``level`` (1..depth-1) runs per call: ``algorithm.level_rounds[level-1]``
-    where given, else ``team_rounds`` at the lowest server level and 1 above it (so FedAvg's
-    means compose into one flat mean, and HierFAVG has its K rounds at the lowest level)."""
-    rounds = alg["level_rounds"]
-    if rounds is not None:
-        return int(rounds[level - 1])
-    return int(alg["team_rounds"]) if level == depth - 1 else 1
-
-
-def level_fraction(alg: Mapping, level: int) -> float:
-    """The fraction of its children a node at ``level`` asks per round (``algorithm.sample_fraction``:
-    one number for every level, or a list, root first)."""
-    if alg["sampling"] == "devices":
-        return 1.0  # the root draws devices; nodes ask the children that hold them
-    fraction = alg["sample_fraction"]
-    if isinstance(fraction, list | tuple):
-        return float(fraction[level])
-    return float(fraction)
-
-
 def level_selection(cfg: Mapping, level: int, lowest: bool) -> Selection:
     """How the nodes at ``level`` pick their rounds' children: ``algorithm.sample_fraction`` of the
     level (and its ``candidates``), and the simulated faults (hfl.node.faults) of the lowest servers' devices
     (``runtime.dropout``) or of the others' child nodes (``runtime.dropout_nodes``)."""
     devices, nodes = dropout_fractions(cfg["runtime"])
-    alg = cfg["algorithm"]
-    return Selection(level_fraction(alg, level), devices if lowest else nodes, int(cfg["seed"]),
-                     level_candidates(alg, level))
+    params = algorithm_params(cfg["algorithm"])
+    return Selection(params.fraction_at(level), devices if lowest else nodes, int(cfg["seed"]), params.candidates_at(level))
 
 
 def partial_participation(cfg: Mapping, depth: int) -> bool:
     """Whether a device may not have trained when it is tested: some level samples its children (a
     device under a node never asked, too), the root draws devices, simulated faults, a clock."""
-    alg = cfg["algorithm"]
+    params = algorithm_params(cfg["algorithm"])
     devices, nodes = dropout_fractions(cfg["runtime"])
-    return (alg["sampling"] == "devices" or devices > 0 or nodes > 0 or run_clock(cfg) is not None
-            or any(level_fraction(alg, level) < 1 for level in range(depth)))
-
-
-def level_candidates(alg: Mapping, level: int) -> float:
-    """The share of its children a node at ``level`` draws as candidates for a loss-aware choice
-    (``algorithm.candidates``, power-of-choice: hfl.node.cohort); 0: none."""
-    candidates = alg["candidates"]
-    return float(candidates[level] if isinstance(candidates, list | tuple) else candidates)
+    return (params.sampling == "devices" or devices > 0 or nodes > 0 or run_clock(cfg) is not None
+            or any(params.fraction_at(level) < 1 for level in range(depth)))
 
 
 def eval_fraction(cfg: Mapping, level: int, depth: int) -> float:
@@ -272,12 +243,12 @@ def check_tree(cfg: Mapping, tree: Tree) -> None:
 def check_candidates(cfg: Mapping, depth: int) -> None:
     """``algorithm.candidates`` per level (power-of-choice, hfl.node.cohort): where set, at least the
     level's sample_fraction, which must be below 1; not under a clock (which picks the idle children)."""
-    alg = cfg["algorithm"]
+    params = algorithm_params(cfg["algorithm"])
     for level in range(depth):
-        candidates, fraction = level_candidates(alg, level), level_fraction(alg, level)
+        candidates, fraction = params.candidates_at(level), params.fraction_at(level)
         if not candidates:
             continue
-        key = "algorithm.candidates" + (f"[{level}]" if isinstance(alg["candidates"], list | tuple) else "")
+        key = "algorithm.candidates" + (f"[{level}]" if isinstance(params.candidates, list | tuple) else "")
         if fraction >= 1:
             raise ConfigError(key, f"level {level} asks every child (algorithm.sample_fraction is 1 there): "
                                    "candidates to choose from have no effect; give it a sample_fraction below 1, "
@@ -373,12 +344,12 @@ def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | Simp
         return server(NodeContext(params, run, path, tree.depth, payload, state, fed, round_path=round_path))
 
     clock = run_clock(cfg)
-    spec = NodeSpec(path, level_rounds(alg, level, tree.depth), level_selection(cfg, level, tree.is_lowest(path)),
-                    int(cfg["seed"]), tree.is_lowest(path), device_sampling=alg["sampling"] == "devices",
+    spec = NodeSpec(path, params.rounds_at(level, tree.depth), level_selection(cfg, level, tree.is_lowest(path)),
+                    int(cfg["seed"]), tree.is_lowest(path), device_sampling=params.sampling == "devices",
                     partial=partial_participation(cfg, tree.depth),
                     eval_fraction=eval_fraction(cfg, level, tree.depth),
                     clock=clock, policy=LevelPolicy.for_level(cfg["clock"], level),
-                    min_fit_fraction=float(alg["min_fit_fraction"]))
+                    min_fit_fraction=params.min_fit_fraction)
     children = proxies if isinstance(proxies, SimpleClientManager) else client_manager_of(proxies)
     # What the algorithm is: its rule's class (hfl.algorithm)
     return NodeClient(spec, children, make_rule, store, server.nature(params, tree.depth, tree.is_lowest(path)),
@@ -390,8 +361,8 @@ def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | Simp
 def device_steps(cfg: Mapping, fed: Federation) -> Callable[[int], int]:
     """A device's minibatch steps per call (its work in simulated time, hfl.clock):
     ``local_epochs`` epochs of its training data where the algorithm sets them, else ``local_steps``."""
-    alg = cfg["algorithm"]
-    epochs, steps, batch = int(alg["local_epochs"] or 0), int(alg["local_steps"]), int(cfg["dataset"]["batch_size"])
+    params = algorithm_params(cfg["algorithm"])
+    epochs, steps, batch = params.local_epochs or 0, params.local_steps, int(cfg["dataset"]["batch_size"])
     if not epochs:
         return lambda device_id: steps
     return lambda device_id: epochs * -(-len(fed.devices[device_id].y_train) // batch)
