@@ -98,9 +98,53 @@ def test_mkdocs_build_strict(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert run.returncode == 0, f"mkdocs build --strict failed:\n{run.stdout}\n{run.stderr}"
-    assert (tmp_path / "site" / "api" / "index.html").is_file()
-    api = (tmp_path / "site" / "api" / "index.html").read_text()
+    site = tmp_path / "site"
+    api = (site / "api.html").read_text()
     assert 'id="hfl.algorithm.ServerRule"' in api  # mkdocstrings rendered the protocol
+    check_site_opens_as_files(site)
+
+
+def check_site_opens_as_files(site: Path) -> None:
+    """site/ opened in a browser as files (file://): every page's links and scripts name files that
+    exist (pages as <page>.html: a link to a folder opens a listing there), the search index is a
+    script beside them (Material's offline plugin: a browser refuses to fetch search_index.json
+    from file://) and nothing is loaded from the network (the Web Worker shim is vendored, the fonts
+    are the system's)."""
+    pages = sorted(set(site.rglob("*.html")) - {site / "404.html"})  # a server's page: absolute paths
+    assert len(pages) > 30 and (site / "search" / "search_index.js").read_text().startswith("var __index = {")
+    missing, folders, remote = [], [], []
+    for html in pages:
+        text = html.read_text()
+        for attr, target in re.findall(r'\b(href|src)="([^"#?]*)[^"]*"', text):
+            if not target or target.startswith(("mailto:", "data:", "javascript:")):
+                continue
+            if re.match(r"[a-z]+://", target):
+                if attr == "src" or 'rel="stylesheet" href="' + target in text:
+                    remote.append((html.name, target))  # something the page loads, not a link out
+                continue
+            resolved = (html.parent / target).resolve()
+            if target.endswith("/") or resolved.is_dir():
+                folders.append((html.relative_to(site), target))
+            elif not resolved.is_file():
+                missing.append((html.relative_to(site), target))
+    assert not missing and not folders and not remote, (missing[:10], folders[:10], remote[:10])
+    index = (site / "index.html").read_text()
+    assert 'src="assets/iframe-worker-shim.js"' in index and "runtimes.html" in index
+
+
+# Pages being rewritten by other changes now, each with one such path (architecture.md: ../shared/DESIGN.md;
+# datasets.md: an MNIST folder in its recipe): to be checked once those land.
+ELSEWHERE = {Path("docs/architecture.md"), Path("docs/datasets.md")}
+
+
+def test_docs_cite_nothing_outside_the_repository():
+    """A reader of the project has the repository, not the folder beside it: no ../shared/ or shared/ paths
+    (the papers are cited by title, authors and arXiv number)."""
+    texts = {p.relative_to(ROOT): p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+             if p.relative_to(ROOT) not in ELSEWHERE}
+    found = [(str(path), m.group(0)) for path, text in texts.items()
+             for m in re.finditer(r"(?<![\w./-])(?:\.\./)*shared/[^\s)`'\"]*", text)]
+    assert not found, found
 
 
 def test_one_page_per_algorithm_config():

@@ -139,7 +139,7 @@ def test_mkdocs_serve_serves_the_site_on_loopback(tmp_path):
     (port,) = free_ports(1)
     log = tmp_path / "mkdocs.log"
     with serving([str(mkdocs), "serve", "-a", f"127.0.0.1:{port}", "--no-livereload"], ROOT, log) as proc:
-        page = wait_for("mkdocs serve", lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/runtimes/",
+        page = wait_for("mkdocs serve", lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/runtimes.html",
                                                                         timeout=5).read(), proc, log)
     assert b"flwr run ." in page and b"<html" in page.lower()
 
