@@ -7,7 +7,7 @@ takes and the peak resident memory of the process, for
 - ``flower-grouped``: the same with a group column (1,000 groups of N/1,000 writers) as the
   level-1 nodes (``topology=sequential``, teams from the data);
 - ``hfl-iid``: the same pool split by hfl's own ``dataset.partition=iid`` into N devices (it
-  loads each of Flower's IidPartitioner shards through its API, ~0.9 ms a device: left out above
+  loads each of Flower's IidPartitioner shards through its API, ~0.7 ms a device: left out above
   100,000 devices unless named in ``--only``);
 - ``synthetic``: today's generated data (``dataset=synthetic``, ``partition=natural``, lazy),
   N devices, nothing pooled.
@@ -17,8 +17,8 @@ not timed; the peak before the build (imports, the config) is printed beside the
 made lazily in every case: nothing here trains. Flower's ``IidPartitioner`` keeps no index map
 (~2 ms a device through its API: ~30 min for a million) and is left out.
 
-    .venv/bin/python benchmarks/hf_startup.py                     # 1,000,000 devices (30 s)
-    .venv/bin/python benchmarks/hf_startup.py --devices 100000    # and hfl-iid (2 min)
+    .venv/bin/python benchmarks/hf_startup.py                     # 1,000,000 devices (22 s)
+    .venv/bin/python benchmarks/hf_startup.py --devices 100000    # and hfl-iid (85 s)
 """
 
 from __future__ import annotations
