@@ -355,6 +355,25 @@ def test_a_text_column_hashed_into_a_bag_of_words_equals_scikit_learns_per_devic
         assert fed.devices[d].x_train.numpy().sum(1).tolist() == [5.0] * len(train)  # 5 words a text
 
 
+def test_hashed_text_stays_sparse_in_the_pool_and_is_z_scored_as_dense_counts_would_be(texts):
+    """The pool keeps the counts sparse (a device's rows are made dense when it is made);
+    normalize=per_feature z-scores them with the dense pool's mean and std."""
+    from sklearn.feature_extraction.text import HashingVectorizer
+
+    cfg = text_cfg(texts, "+dataset.text={encoding: hashing, features: 32}", "dataset.normalize=per_feature")
+    pool = huggingface.load_pool(cfg["dataset"])
+    assert huggingface._sparse(pool.x) and pool.x.nnz <= 400 * 5  # noqa: SLF001 - 5 words a text, of 32 buckets
+    dense = HashingVectorizer(n_features=32, alternate_sign=False, norm=None, token_pattern=r"(?u)\b\w+\b"
+                              ).transform(datasets.load_from_disk(str(texts))["text"]).toarray()
+    want = ((dense - dense.mean(0)) / (dense.std(0) + 1e-3)).astype(np.float32)
+    fed = federation(cfg)
+    flower = partitioners.NaturalIdPartitioner(partition_by="user")
+    flower.dataset = pool.dataset
+    rows = np.asarray(flower.load_partition(4)[huggingface.ROW])
+    train, _, _ = split_train_val_test(np.arange(len(rows)), 0.75, 0.0, 0, 4)
+    np.testing.assert_allclose(fed.devices[4].x_train.numpy(), want[rows[train]], rtol=1e-5, atol=1e-5)
+
+
 def test_a_text_column_as_character_ids_reads_back_as_each_texts_end(texts):
     fed = federation(text_cfg(texts, "+dataset.text={encoding: chars, length: 12}"))
     assert fed.input_shape == (12,)
