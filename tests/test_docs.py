@@ -214,3 +214,28 @@ def test_page_states_tree_support_and_command(name):
     depth = "true" if rule(name).any_depth else "false"
     assert f"`any_depth: {depth}`" in text, f"docs/algorithms/{name}.md must state `any_depth: {depth}`"
     assert f"hfl-simulate algorithm={name}" in text, f"docs/algorithms/{name}.md has no command running it"
+
+
+def test_coming_from_flower_simulation_names_what_replaces_it():
+    """Flower 1.42 has no flower-simulation command (its flwr-simulation is a process the SuperLink
+    starts); the page maps the old command onto hfl's, which exist."""
+    bin_dir = Path(sys.executable).parent
+    assert not (bin_dir / "flower-simulation").exists() and (bin_dir / "flwr-simulation").exists()
+    section = (ROOT / "docs" / "runtimes.md").read_text().split("### Coming from `flower-simulation`", 1)[1].split("\n## ", 1)[0]
+    assert "flower-simulation --app . --num-supernodes" in section
+    assert "`hfl-deploy simulate OVERRIDES`" in section and "`hfl-simulate`" in section
+    assert "#coming-from-flower-simulation" in (ROOT / "README.md").read_text()
+
+
+def test_the_cpu_only_install_keeps_the_pinned_torch():
+    """The documented CPU-only install puts PyTorch's CPU build first, then `pip install -c constraints.txt
+    -e .`: the pins must accept the CPU builds' local versions (2.14.1+cpu), or pip would swap in CUDA."""
+    from packaging.specifiers import SpecifierSet
+
+    block = (ROOT / "docs" / "runtimes.md").read_text().split("**A CPU-only install", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    assert "--index-url https://download.pytorch.org/whl/cpu torch torchvision" in block
+    assert block.index("whl/cpu") < block.index("-c constraints.txt -e .")
+    pins = dict(re.findall(r"^(torch|torchvision)==(\S+)$", (ROOT / "constraints.txt").read_text(), re.MULTILINE))
+    assert set(pins) == {"torch", "torchvision"}
+    for name, version in pins.items():
+        assert SpecifierSet(f"=={version}").contains(f"{version}+cpu"), name
