@@ -134,8 +134,8 @@ PM = Level("PM", "PM", ("pm",))
 GM = Level("GM", "GM", ("gm",))
 GM_PROXY = Level("GM proxy", "GM proxy", ("gm_proxy",))
 # What the names mean, said once where a reader meets them (report.md), with the paper's 3-tier word.
-LEVEL_KEY_TEXT = ("PM: the devices' personalized models; level<d>: the models of the servers at depth d "
-                  "(level1: the teams of a three-tier tree); GM: the root's global model (level 0)")
+LEVEL_KEY_TEXT = ("PM: the devices' personalized models; level1, level2, ...: the models of the servers at depth "
+                  "1, 2, ... (level1: the teams of a three-tier tree); GM: the root's global model (level 0)")
 # Not a model level: the PM accuracies' unweighted mean over devices (FeMAM's figure); accuracy only.
 CLIENT_MEAN_PANEL = Level("client mean", "PM client mean (unweighted over devices)", ("client_mean",))
 LEVEL_KEY = re.compile(r"(pm|gm|gm_proxy|team|level([1-9][0-9]*))_(?:accuracy|loss)")
