@@ -1,4 +1,4 @@
-"""What ``hfl-simulate`` prints: the start-up's phases (Ray's start, the level-1 nodes built), a line
+"""What ``hfl-simulate`` prints: the start-up's phases (Ray's start, its actors ready), a line
 per evaluated round, a progress bar while it runs (terminals only) and a summary table at the end;
 under Hydra's ``-m`` each job's start-up and round lines led by the job's number and swept
 overrides (``#1 seed=1: round 3/30 ...``), and one line when it ends.
