@@ -77,6 +77,11 @@ def test_the_tour_sweep_and_report_run_shortened(tmp_path):
     proc = subprocess.run([str(BIN / "hfl-simulate"), *argv, "global_rounds=1", f"hydra.sweep.dir={tmp_path}/multirun"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # each job's round led by the job and the values it sweeps, as the README quotes one
+    assert re.findall(r"^#([0-9]) (algorithm=[a-z]+,seed=[01]): round 1/1 ", proc.stdout, re.MULTILINE) == [
+        (str(job), f"algorithm={algorithm},seed={seed}") for job, (algorithm, seed) in
+        enumerate((a, s) for a in ("permfl", "fedavg", "pfedme") for s in (0, 1))]
+    assert "`#7 algorithm=pfedme,seed=1: round 9/30 ...`" in (ROOT / "README.md").read_text()
     (report,) = readme_commands("hfl-report")
     proc = subprocess.run([str(BIN / "hfl-report"), f"{tmp_path}/multirun", *report[2:]], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
