@@ -74,3 +74,12 @@ def test_a_natural_tree_deployed_matches_in_process_and_an_unreachable_folder_is
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds"] == 2 and summary["failures"] == 0
     assert_same_run(run_dir, simulated(tmp_path, absolute))
+
+
+def test_a_natural_tree_deployed_with_bhfl_matches_in_process(tmp_path):
+    """B-HFL on the same deployment shape: its root's and nodes' optimiser state travel as PerMFL's
+    do not; the models and final accuracies equal the in-process run's."""
+    given = [*overrides(save_writers(tmp_path / "writers")), "algorithm=bhfl", "algorithm.team_rounds=1"]
+    run_dir, _ = deployed(tmp_path, given)
+    assert json.loads((run_dir / "summary.json").read_text())["failures"] == 0
+    assert_same_run(run_dir, simulated(tmp_path, given))
