@@ -329,9 +329,8 @@ def texts(tmp_path_factory) -> Path:
 
 
 def text_cfg(path: Path, *overrides: str) -> dict:
-    """The text keys are added with + (hfl's config schema does not declare them yet: hfl-simulate
-    refuses them, see docs/datasets.md); build_federation reads them."""
-    return cfg_of(path, "dataset.columns.image=null", "+dataset.columns.text=text", "dataset.scale=1",
+    """A text dataset's keys, as a user sets them (typed by HuggingFaceDatasetConfig)."""
+    return cfg_of(path, "dataset.columns.image=null", "dataset.columns.text=text", "dataset.scale=1",
                   "dataset.normalize=null", "dataset.partitioner.name=NaturalIdPartitioner",
                   "dataset.columns.natural_id=user", "topology=sequential", "topology.num_teams=2",
                   "topology.devices_per_team=null", *overrides)
@@ -340,7 +339,7 @@ def text_cfg(path: Path, *overrides: str) -> dict:
 def test_a_text_column_hashed_into_a_bag_of_words_equals_scikit_learns_per_device(texts):
     from sklearn.feature_extraction.text import HashingVectorizer
 
-    fed = federation(text_cfg(texts, "+dataset.text={encoding: hashing, features: 64}"))
+    fed = federation(text_cfg(texts, "dataset.text.encoding=hashing", "dataset.text.features=64"))
     assert fed.input_shape == (64,) and len(fed.devices) == 8 and fed.num_classes == 2
     flower = partitioners.NaturalIdPartitioner(partition_by="user")
     flower.dataset = datasets.load_from_disk(str(texts))
@@ -360,7 +359,7 @@ def test_hashed_text_stays_sparse_in_the_pool_and_is_z_scored_as_dense_counts_wo
     normalize=per_feature z-scores them with the dense pool's mean and std."""
     from sklearn.feature_extraction.text import HashingVectorizer
 
-    cfg = text_cfg(texts, "+dataset.text={encoding: hashing, features: 32}", "dataset.normalize=per_feature")
+    cfg = text_cfg(texts, "dataset.text.encoding=hashing", "dataset.text.features=32", "dataset.normalize=per_feature")
     pool = huggingface.load_pool(cfg["dataset"])
     assert huggingface._sparse(pool.x) and pool.x.nnz <= 400 * 5  # noqa: SLF001 - 5 words a text, of 32 buckets
     dense = HashingVectorizer(n_features=32, alternate_sign=False, norm=None, token_pattern=r"(?u)\b\w+\b"
@@ -375,7 +374,7 @@ def test_hashed_text_stays_sparse_in_the_pool_and_is_z_scored_as_dense_counts_wo
 
 
 def test_a_text_column_as_character_ids_reads_back_as_each_texts_end(texts):
-    fed = federation(text_cfg(texts, "+dataset.text={encoding: chars, length: 12}"))
+    fed = federation(text_cfg(texts, "dataset.text.encoding=chars", "dataset.text.length=12"))
     assert fed.input_shape == (12,)
     source = datasets.load_from_disk(str(texts))
     alphabet = sorted(set("".join(source["text"])))  # id i + 1 = the i-th character of the pool, sorted
@@ -390,16 +389,16 @@ def test_a_text_column_as_character_ids_reads_back_as_each_texts_end(texts):
 
 def test_a_natural_tree_learns_from_hashed_text(texts, tmp_path):
     """PerMFL over the bag of words (mclr): the users' models tell the two vocabularies apart."""
-    cfg = text_cfg(texts, "+dataset.text={encoding: hashing, features: 128}", *FAST, "global_rounds=3")
+    cfg = text_cfg(texts, "dataset.text.encoding=hashing", "dataset.text.features=128", *FAST, "global_rounds=3")
     summary = run(cfg, tmp_path / "run")
     pm = [json.loads(line)["pm_accuracy"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert summary["failures"] == 0 and pm[-1] > max(0.75, pm[0]), pm  # chance: 0.5; measured 0.85 after 3 rounds
 
 
 @pytest.mark.parametrize(("overrides", "key", "words"), [
-    (["+dataset.text.encoding=words"], "dataset.text.encoding", "unknown text encoding 'words'"),
+    (["dataset.text.encoding=words"], "dataset.text.encoding", "unknown text encoding 'words'"),
     (["dataset.columns.features=[label]"], "dataset.columns.image", "exactly one of"),
-    (["+dataset.text.features=0"], "dataset.text.features", ">= 1"),
+    (["dataset.text.features=0"], "dataset.text.features", ">= 1"),
 ])
 def test_bad_text_settings_are_refused_in_one_line(texts, overrides, key, words):
     cfg = text_cfg(texts, *overrides)

@@ -218,9 +218,19 @@ class HuggingFaceColumnsConfig:
 
     image: Optional[str] = MISSING  # an image or array column (or give features)
     features: Optional[List[str]] = MISSING  # numeric columns, concatenated into one vector
+    text: Optional[str] = MISSING  # a text column (encoded as dataset.text says)
     label: str = MISSING
     natural_id: Optional[str] = MISSING  # natural-id partitioners' partition_by when their kwargs give none
     group: Optional[str] = MISSING  # with NaturalIdPartitioner: the level-1 nodes
+
+
+@dataclass
+class HuggingFaceTextConfig:
+    """How a text column becomes numbers (hfl/data/huggingface.py:encode_text)."""
+
+    encoding: str = MISSING  # hashing | chars (checked by hfl.data.huggingface)
+    features: int = MISSING  # hashing: the buckets words are counted into
+    length: int = MISSING  # chars: the last characters of each text kept, as ids
 
 
 @dataclass
@@ -241,6 +251,7 @@ class HuggingFaceDatasetConfig(DatasetConfig):
     subset: Optional[str] = MISSING  # the Hub dataset's configuration name
     splits: Optional[List[str]] = MISSING  # pooled splits; null = all
     columns: HuggingFaceColumnsConfig = field(default_factory=HuggingFaceColumnsConfig)
+    text: HuggingFaceTextConfig = field(default_factory=HuggingFaceTextConfig)
     partitioner: PartitionerConfig = field(default_factory=PartitionerConfig)  # partition=flower
     team_partitioner: PartitionerConfig = field(default_factory=PartitionerConfig)  # level-1 nodes first; name null: off
     num_classes: Optional[int] = MISSING  # null: the label's ClassLabel, else max label + 1

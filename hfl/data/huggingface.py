@@ -245,7 +245,7 @@ def load_pool(cfg: Mapping) -> Pool:
     if image is not None:
         x = _image_layout(_stack(table[image][:], "dataset.columns.image"), "dataset.columns.image")
     elif text is not None:
-        x = encode_text(ds.with_format("arrow")[text].to_pylist(), cfg.get("text") or {})
+        x = encode_text(ds.with_format("arrow")[text].to_pylist(), cfg["text"])
     else:
         cols = [features] if isinstance(features, str) else list(features)
         parts = [_stack(_values(ds, table, c), "dataset.columns.features").reshape(len(ds), -1) for c in cols]
@@ -266,7 +266,7 @@ def encode_text(texts: Sequence[Any], spec: Mapping) -> Any:
       them (no LSTM): mlp / dnn read them as numbers.
 
     Both depend on the pool alone (no fitted state), so every process and host encodes alike."""
-    encoding = spec.get("encoding") or "hashing"
+    encoding = spec["encoding"]
     if encoding not in TEXT_ENCODINGS:
         raise ConfigError("dataset.text.encoding", f"unknown text encoding {encoding!r}; known: {', '.join(TEXT_ENCODINGS)}")
     if any(t is not None and not isinstance(t, str) for t in texts[:100]):
@@ -276,12 +276,12 @@ def encode_text(texts: Sequence[Any], spec: Mapping) -> Any:
     if encoding == "hashing":
         from sklearn.feature_extraction.text import HashingVectorizer
 
-        size = int(check_number("dataset.text.features", spec.get("features", 1024), integer=True, minimum=1))
+        size = int(check_number("dataset.text.features", spec["features"], integer=True, minimum=1))
         # Kept sparse (CSR): a device's rows are made dense when it is made; 1.6 million tweets in
         # 1,024 dense float32 buckets would be 6.5 GB in every process that loads the pool.
         return HashingVectorizer(n_features=size, alternate_sign=False, norm=None, token_pattern=r"(?u)\b\w+\b",
                                  dtype=np.float32).transform(texts).tocsr()
-    length = int(check_number("dataset.text.length", spec.get("length", 80), integer=True, minimum=1))
+    length = int(check_number("dataset.text.length", spec["length"], integer=True, minimum=1))
     vocabulary = {c: i + 1 for i, c in enumerate(sorted(set().union(*map(set, texts))))}
     ids = np.zeros((len(texts), length), dtype=np.int64)
     for row, t in enumerate(texts):
