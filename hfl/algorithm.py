@@ -72,10 +72,12 @@ class RunSettings:
     global_rounds: int
     model: Mapping[str, Any]  # the model section, as hfl.models.build_model takes it
     batch_size: int  # dataset.batch_size: a server's own minibatches (B-HFL's proxy training)
+    privacy: Mapping[str, Any] | None = None  # the privacy section: read by the engine (hfl.node.privacy), not rules
 
     @classmethod
     def of(cls, cfg: Mapping[str, Any]) -> RunSettings:
-        return cls(int(cfg["seed"]), int(cfg["global_rounds"]), cfg["model"], int(cfg["dataset"]["batch_size"]))
+        return cls(int(cfg["seed"]), int(cfg["global_rounds"]), cfg["model"], int(cfg["dataset"]["batch_size"]),
+                   cfg.get("privacy"))
 
 
 @dataclass(frozen=True)

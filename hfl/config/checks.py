@@ -191,6 +191,69 @@ def validate(cfg: Mapping) -> None:
         raise ConfigError("runtime.ray_address", "must be null (a fresh local Ray instance) or the address of a Ray "
                                                  f"cluster ('auto', 'host:port', 'ray://host:port'), got {address!r}")
     check_state_dir(runtime)
+    check_privacy(cfg)
+
+
+PRIVACY_LEVELS = ("off", "local", "lowest", "root")
+
+
+def check_privacy(cfg: Mapping) -> None:
+    """The ``privacy`` section (hfl.node.privacy) and what it cannot go with: algorithms whose node step
+    needs its children's individual replies (gradient relays, cluster sums, B-HFL's residual edges),
+    a loss-aware or timed choice of children (the accountant assumes a uniform sample)."""
+    privacy = cfg.get("privacy")
+    if not isinstance(privacy, Mapping):
+        return
+    level = privacy.get("level")
+    text = str(level).lower()
+    if isinstance(level, bool) or (text not in PRIVACY_LEVELS and not (isinstance(level, int) and level >= 0)):
+        raise ConfigError("privacy.level", f"must be off, local, lowest, root or a node level (0 = root), got {level!r}")
+    if text == "off":
+        return
+    clip, noise = privacy.get("clip"), privacy.get("noise_multiplier")
+    if clip is not None:
+        check_number("privacy.clip", clip, minimum=0, open_min=True)
+    check_number("privacy.noise_multiplier", noise, minimum=0)
+    check_number("privacy.delta", privacy.get("delta"), minimum=0, maximum=1, open_min=True, open_max=True)
+    if noise > 0 and clip is None:
+        raise ConfigError("privacy.clip", "noise needs a clipping norm C (the noise std is noise_multiplier x C / n)")
+    if text == "local" and clip is None:
+        raise ConfigError("privacy.clip", "local DP needs a clipping norm C: each device clips its own update")
+    if privacy.get("adaptive"):
+        if text == "local":
+            raise ConfigError("privacy.adaptive", "adaptive clipping is central DP's: with local DP devices clip to "
+                                                  "a fixed privacy.clip")
+        if clip is None:
+            raise ConfigError("privacy.clip", "adaptive clipping starts from privacy.clip: give one")
+        check_number("privacy.target_quantile", privacy.get("target_quantile"), minimum=0, maximum=1)
+        check_number("privacy.clip_lr", privacy.get("clip_lr"), minimum=0, open_min=True)
+        if privacy.get("count_stddev") is not None:
+            check_number("privacy.count_stddev", privacy.get("count_stddev"), minimum=0, open_min=True)
+    target = privacy.get("target_epsilon")
+    if target is not None:
+        check_number("privacy.target_epsilon", target, minimum=0, open_min=True)
+        if noise == 0:
+            raise ConfigError("privacy.target_epsilon", "a budget needs noise: privacy.noise_multiplier is 0, so "
+                                                        "epsilon is infinite after one round")
+    if (cfg.get("clock") or {}).get("enabled"):
+        raise ConfigError("clock.enabled", "privacy: the accountant assumes each round samples children uniformly "
+                                           "at random; the clock picks them by speed (use clock.enabled=false)")
+    alg = cfg["algorithm"]
+    candidates = alg.get("candidates", 0)
+    if any(float(c) > 0 for c in (candidates if isinstance(candidates, list | tuple) else [candidates])):
+        raise ConfigError("algorithm.candidates", "privacy: power-of-choice picks children by their loss, not at "
+                                                  "random, so the accountant's sampling rate does not hold")
+    server = load_server(alg)
+    name = alg.get("name")
+    if server.reply_kind != "model":
+        raise ConfigError("privacy.level", f"{name}'s servers relay {server.reply_kind}s, not model updates: "
+                                           "clipping and noising a model update does not apply")
+    if not server.level_models:
+        raise ConfigError("privacy.level", f"{name}'s servers need their children's individual replies (cluster "
+                                           "sums or relayed device models), not one noised mean")
+    if int(alg.get("residual_up_k") or 0) > 0:
+        raise ConfigError("algorithm.residual_up_k", "privacy: residual edges forward individual children's "
+                                                     "models up the tree, past the noised mean (use 0)")
 
 
 DEVICES = ("auto", "cpu", "cuda")

@@ -388,6 +388,23 @@ class ClockConfig:
     shift: Any = MISSING  # dataset shift (hfl.clock.shift)
 
 
+# ---------------------------------------------------------------------------------- privacy
+@dataclass
+class PrivacyConfig:
+    """conf/config.yaml's ``privacy``: differential privacy at one level of the tree (hfl.node.privacy,
+    docs/privacy.md; hfl.config.checks.check_privacy). Secure aggregation would be a section beside it."""
+
+    level: Any = MISSING  # off | local | lowest | root | a node level, 0 (root) .. depth-1 (lowest servers)
+    clip: Optional[float] = MISSING  # C, the norm each update is clipped to; null: none (noise needs one)
+    adaptive: bool = MISSING  # C starts at clip and follows target_quantile (Andrew et al. 2021)
+    target_quantile: float = MISSING
+    clip_lr: float = MISSING
+    count_stddev: Optional[float] = MISSING  # noise of the unclipped count; null: children / 20 (Flower's)
+    noise_multiplier: float = MISSING  # sigma: noise std = sigma x C / children
+    delta: float = MISSING
+    target_epsilon: Optional[float] = MISSING  # the budget: the run stops before a round would spend more
+
+
 # ---------------------------------------------------------------------------------- root
 @dataclass
 class HflConfig:
@@ -409,6 +426,7 @@ class HflConfig:
     resume: bool = MISSING  # go on with the killed run in hydra.run.dir (hfl.state.resume)
     overwrite: bool = MISSING  # a fresh run may replace the run already in hydra.run.dir
     clock: ClockConfig = MISSING  # simulated time (hfl.clock)
+    privacy: PrivacyConfig = MISSING  # differential privacy (hfl.node.privacy)
 
 
 # group -> {schema name -> dataclass}; a YAML file names one as /schema/<group>/<name>@_here_.

@@ -2,17 +2,70 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+import functools
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
 
 from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 
 from hfl.device.plan import FitPlan, run_plan
+from hfl.device.privacy import LOCAL_CLIP, LOCAL_NOISE, LOCAL_SEED, privatize_local
 from hfl.device.state import DeviceRuntime
 from hfl.device.training import Params, to_ndarrays, to_tensors
+from hfl.seed import rng
 
 # A fit config's round of the node asking (1..K within its call; e.g. L2GD's pulls depend on it).
 NODE_ROUND = "node_round"
+
+
+# A reply's metrics say it was privatized (local DP), so that a fit built on another (super().fit, a
+# plan's fit) is noised once.
+LOCAL_DONE = "dp_local"
+
+
+def privatize_reply(reply: tuple[NDArrays, int, dict[str, Scalar]], sent: NDArrays, config: dict[str, Scalar],
+                    device_id: int) -> tuple[NDArrays, int, dict[str, Scalar]]:
+    """Local DP (privacy.level=local, hfl.node.privacy): the device's reply with its update (reply -
+    the model it was sent) clipped and noised, seeded by the run's seed, the device and the round,
+    before it leaves the device; as it is without local DP in the config or if already done."""
+    arrays, num_examples, metrics = reply
+    if LOCAL_CLIP not in config or metrics.get(LOCAL_DONE):
+        return reply
+    if len(arrays) != len(sent) or any(np.shape(a) != np.shape(s) for a, s in zip(arrays, sent, strict=False)):
+        raise ValueError(f"privacy.level=local: device {device_id}'s reply is not a model shaped as the one it was "
+                         "sent, so it has no update to clip and noise")
+    generator = rng(int(config[LOCAL_SEED]), "privacy-local", int(device_id), str(config.get("round_path", "")))
+    private = privatize_local(list(arrays), list(sent), float(config[LOCAL_CLIP]), float(config[LOCAL_NOISE]),
+                              generator)
+    return private, num_examples, {**metrics, LOCAL_DONE: 1}
+
+
+def _private_fit(fit: Callable) -> Callable:
+    @functools.wraps(fit)
+    def wrapped(self: DeviceClient, parameters: NDArrays, config: dict[str, Scalar]) -> Any:
+        return privatize_reply(fit(self, parameters, config), parameters, config, self.device.device_id)
+
+    wrapped.private = True  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _private_plan(fit_plan: Callable) -> Callable:
+    @functools.wraps(fit_plan)
+    def wrapped(self: DeviceClient, parameters: NDArrays, config: dict[str, Scalar]) -> Any:
+        plan = fit_plan(self, parameters, config)
+        if plan is None or LOCAL_CLIP not in config:
+            return plan
+        finish = plan.finish
+        # The per-device path and the batched one (hfl.accel.batched) both end in the plan's finish.
+        plan.finish = lambda models, losses: privatize_reply(finish(models, losses), parameters, config,
+                                                             self.device.device_id)
+        return plan
+
+    wrapped.private = True  # type: ignore[attr-defined]
+    return wrapped
 
 
 class DeviceClient(NumPyClient):
@@ -28,6 +81,15 @@ class DeviceClient(NumPyClient):
     batched: ClassVar[bool] = False
     bufferless: ClassVar[str] = ""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every device's ``fit`` and ``fit_plan`` (where a class defines its own) reply with local DP
+        when the config asks for it: the one path every client shares, whatever it overrides."""
+        super().__init_subclass__(**kwargs)
+        for name, wrap in (("fit", _private_fit), ("fit_plan", _private_plan)):
+            method = cls.__dict__.get(name)
+            if method is not None and not getattr(method, "private", False):
+                setattr(cls, name, wrap(method))
+
     def __init__(self, device: DeviceRuntime) -> None:
         self.device = device
 
@@ -40,7 +102,7 @@ class DeviceClient(NumPyClient):
         plan = self.fit_plan(parameters, config)
         if plan is None:
             raise NotImplementedError(f"{type(self).__name__} defines neither fit nor fit_plan")
-        return run_plan(self.device, plan)
+        return privatize_reply(run_plan(self.device, plan), parameters, config, self.device.device_id)
 
     def get_parameters(self, config: dict[str, Scalar]) -> NDArrays:
         params = self.device.personal or self.device.trainer.initial_params()

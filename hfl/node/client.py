@@ -183,6 +183,7 @@ class NodeClient(NumPyClient):
         # A gradient relay (level_models false) keeps no model: its reply is no predictor.
         state = model_state(model) if self.nature.level_models else {}
         state.update(rule.state())  # e.g. node-optimiser moments (strategies.bhfl)
+        state.update(strategy.privacy_state())  # adaptive clipping's C (hfl.node.privacy)
         state.update(cohort.state())
         if timer is not None:
             state.update(timer.state())  # its model version and the replies still in flight

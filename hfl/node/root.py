@@ -40,6 +40,8 @@ from hfl.node.inprocess import (ChildProxies, EvaluateCalls, FitMany, LazyClient
                                 run_fit_rounds)
 from hfl.errors import ConfigError
 from hfl.node.client import EVAL_SAMPLES, node_key, rule_state
+from hfl.node.privacy import PrivacyPlan, PrivacySettings
+from hfl.node.privacy import plan as privacy_plan
 from hfl.node.evaluation import pool_evaluations
 from hfl.node.round_counters import RoundCounters
 from hfl.rules.payload import payload_nbytes
@@ -227,13 +229,27 @@ class RootStrategy(Strategy):
                 for kind, value in counts.items():
                     self.merges.setdefault(level, {"merged": 0, "empty": 0})[kind] += value
             clock = {**self.timer.state(), MERGES: np.frombuffer(json.dumps(self.merges).encode(), dtype=np.uint8)}
-        self.store.save(ROOT_KEY, {**model_state(self.current), **self.rule.state(), **cohort.state(), **clock})
+        self.store.save(ROOT_KEY, {**model_state(self.current), **self.rule.state(), **self.node.privacy_state(),
+                                  **cohort.state(), **clock})
 
     def evaluate(self, server_round, parameters):  # noqa: ANN001
         return None
 
+    @property
+    def privacy_plan(self) -> PrivacyPlan | None:
+        """The run's privacy accounting (hfl.node.privacy), None without privacy."""
+        ctx = self.rule.ctx
+        settings = PrivacySettings.of(ctx.run.privacy)
+        return None if settings is None else privacy_plan(settings, ctx.params, ctx.depth)
+
+    def last_within_budget(self, server_round: int) -> bool:
+        """Whether the privacy budget (privacy.target_epsilon) ends the run after this round."""
+        plan = self.privacy_plan
+        return plan is not None and server_round < self.num_rounds and plan.over_budget(server_round + 1)
+
     def configure_evaluate(self, server_round, parameters, client_manager):  # noqa: ANN001
-        if server_round % self.eval_every and server_round != self.num_rounds:
+        if server_round % self.eval_every and server_round != self.num_rounds \
+                and not self.last_within_budget(server_round):
             self._finish(server_round, None)
             return []
         children = self._evaluated_children(server_round, self._level1(client_manager, server_round))
@@ -294,6 +310,14 @@ class RootStrategy(Strategy):
     def _finish(self, server_round: int, evaluation: dict | None) -> None:
         """The round is over: what it did, for whoever observes the run (RootServer hands it on)."""
         seconds, counters = self.counts.finish()
+        privacy = self.privacy_plan
+        if privacy is not None:  # the ε spent so far (hfl.node.privacy), and whether the budget ends the run here
+            counters["dp_epsilon"] = privacy.epsilon(server_round)
+            if server_round < self.num_rounds and privacy.over_budget(server_round + 1):
+                counters["dp_budget_stop"] = 1
+                log.warning("privacy.target_epsilon %g: the run stops after global round %d of %d (epsilon %.4g; "
+                            "one more round would spend %.4g)", privacy.target_epsilon, server_round,
+                            self.num_rounds, counters["dp_epsilon"], privacy.epsilon(server_round + 1))
         idle = never_merged(self.merges) if self.timer is not None and server_round == self.num_rounds else []
         for level in idle:
             log.warning("%s", idle_message(level, self.merges[level], server_round))
@@ -358,6 +382,11 @@ class RootServer(Server):
         start = time.perf_counter()
         for server_round in range(self.offset + 1, self.offset + num_rounds + 1):
             flwr_log(logging.INFO, "[ROUND %s]", server_round)
+            plan = self.root.privacy_plan
+            if plan is not None and plan.over_budget(server_round):  # a resumed run that had spent its budget
+                log.warning("privacy.target_epsilon %g: global round %d would spend %.4g; the run has stopped",
+                            plan.target_epsilon, server_round, plan.epsilon(server_round))
+                break
             self.root.fit_round(server_round, self._client_manager, self.fit_many(server_round, timeout))
             # The root decides whether the round is evaluated; hfl calls the level-1 nodes, Flower carries it.
             evaluated = self.root.evaluate_round(server_round, self._client_manager,
@@ -369,6 +398,8 @@ class RootServer(Server):
             for observer in self.observers:
                 observer.observe(done)
             self.root.check_trained(done)
+            if done.counters.get("dp_budget_stop"):  # privacy.target_epsilon: the recorder has finished the run
+                break
         return history, time.perf_counter() - start
 
 

@@ -19,6 +19,7 @@ from flwr.server.strategy import Strategy
 from hfl.rules.aggregate import all_finite, update_problem
 from hfl.device.client import NODE_ROUND
 from hfl.algorithm import Replies, ServerRule, Update
+from hfl.node.privacy import NodePrivacy
 from hfl.rules.payload import LocalParameters, Payload, decode, unpack
 from hfl.tree.shape import path_order
 
@@ -84,6 +85,10 @@ class NodeStrategy(Strategy):
         # What its devices' FitIns carry; the root's children are always nodes, and its rule may have
         # none to give (FeMAM's root keeps no level of its own).
         self.fit_config = rule.fit_config() if rule.ctx.path else {}
+        # Differential privacy where the run's privacy section puts it at this node's level (hfl.node.privacy).
+        self.privacy = NodePrivacy.of(rule.ctx)
+        if self.privacy is not None:
+            self.fit_config = {**self.fit_config, **self.privacy.device_config()}
         self.current = rule.start()
 
     @property
@@ -138,9 +143,16 @@ class NodeStrategy(Strategy):
                       self._name, server_round, len(accepted), asked, needed, self.min_fit_fraction)
             return None, {**stats, "needed": needed}
         round_path = f"{self.rule.ctx.round_path}.{server_round}" if self.rule.ctx.round_path else str(server_round)
+        if self.privacy is not None:  # the rule sees the clipped, noised updates only (central DP)
+            accepted, private = self.privacy.privatize(accepted, self.current, round_path)
+            stats.update(private)
         self.current = self.rule.aggregate(self.current, Replies(server_round, round_path, accepted))
         # The next configure_fit and the node's batched devices read the arrays back without decoding.
         return LocalParameters(self.current), stats
+
+    def privacy_state(self) -> dict:
+        """What the node's privacy keeps between its calls (adaptive clipping's C), stored with its state."""
+        return self.privacy.state() if self.privacy is not None else {}
 
     def configure_evaluate(self, server_round, parameters, client_manager):  # noqa: ANN001
         return []  # the node evaluates its children itself (hfl.node.client)

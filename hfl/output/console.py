@@ -105,6 +105,8 @@ def round_line(line: Mapping, num_rounds: int) -> str:
     tested = [int(v) for k, v in line.items() if k.endswith("_eval_devices") and v is not None]
     if tested:  # a sampled evaluation (eval_fraction): the devices behind the figures
         parts.append(f"tested on {max(tested):,} devices")
+    if line.get("dp_epsilon") is not None:  # differential privacy: the ε spent so far (hfl.node.privacy)
+        parts.append(f"ε {float(line['dp_epsilon']):.3g}")
     parts.append(f"{float(line.get('seconds') or 0):.2f}s")
     return "  ".join(parts)
 

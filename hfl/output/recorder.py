@@ -166,6 +166,7 @@ class Recorder:
                     **{k: int(v) for k, v in counters.items() if k.startswith(("failures_level", "late_level",
                                                                                 "stale_level"))},
                     **({"sim_time": counters["sim_time"]} if "sim_time" in counters else {}),
+                    **({"dp_epsilon": counters["dp_epsilon"]} if "dp_epsilon" in counters else {}),
                     **moved}
             self.lines.append(line)
             with self.metrics_path.open("a") as f:
@@ -179,7 +180,9 @@ class Recorder:
             log.info("round %d/%d trained, not evaluated, %.2fs", rnd, self.num_rounds, seconds, extra={ROUND: rnd})
         if checkpoint:
             write_checkpoint(self.run_dir, Checkpoint(rnd, self.state()))
-        if rnd == self.num_rounds:
+        if rnd == self.num_rounds or counters.get("dp_budget_stop"):  # the last round, or the privacy budget's
+            if counters.get("dp_budget_stop"):
+                self.meta["stopped"] = f"privacy.target_epsilon reached after global round {rnd}"
             self.finish()
 
     def finish(self) -> dict:

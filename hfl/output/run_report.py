@@ -165,6 +165,23 @@ def clock_line(config: dict) -> str | None:
     return f"- simulated time (clock): {text}; " + ", ".join(details)
 
 
+def privacy_line(config: dict, run: Run) -> str | None:
+    """``- differential privacy: ...`` for a run with a privacy level (None without): where, C, the
+    noise multiplier, δ and the ε of its last evaluated round (hfl.node.privacy)."""
+    privacy = config.get("privacy")
+    if not isinstance(privacy, dict) or str(privacy.get("level", "off")).lower() in ("off", "false", "none"):
+        return None
+    level = str(privacy["level"])
+    where = "local (each device noises its own update)" if level == "local" else f"central at level {level}"
+    clip = "adaptive from " + str(privacy.get("clip")) if privacy.get("adaptive") else str(privacy.get("clip"))
+    spent = [line["dp_epsilon"] for line in run.metrics if line.get("dp_epsilon") is not None]
+    epsilon = f"; ε = {spent[-1]:.4g} after round {run.metrics[-1].get('round')}" if spent else ""
+    budget = f" (budget {privacy['target_epsilon']})" if privacy.get("target_epsilon") is not None else ""
+    stopped = f"; {run.summary['stopped']}" if run.summary.get("stopped") else ""
+    return (f"- differential privacy: {where}, clip {clip}, noise multiplier {privacy.get('noise_multiplier')}, "
+            f"δ {privacy.get('delta')}{epsilon}{budget}{stopped}")
+
+
 def run_markdown(run: Run, plots: Sequence[str], warnings: Sequence[str] = ()) -> str:
     """report.md of one run: what ran, final and best accuracy per model level, time, bytes, the
     warnings the console showed during the run, plots."""
@@ -177,6 +194,8 @@ def run_markdown(run: Run, plots: Sequence[str], warnings: Sequence[str] = ()) -
               + (f", runtime: {config['runtime'].get('name')}" if isinstance(config.get("runtime"), dict) else "")]
     if (clock := clock_line(config)) is not None:
         parts.append(clock)
+    if (privacy := privacy_line(config, run)) is not None:
+        parts.append(privacy)
     parts += ["", "Test accuracy in % (pooled over devices); final = the last evaluated round, "
               f"best = the best evaluated round. {LEVEL_KEY_TEXT}.", "",
               "| model | final | best | best round |", "|:---|---:|---:|---:|"]

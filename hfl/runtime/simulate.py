@@ -235,7 +235,7 @@ def _run_locked(cfg: dict, run_dir: Path, fed, tracker, tracked: dict,  # noqa: 
         if started is not None:
             started.close()  # a tracker run the recorder did not finish: the run failed or was stopped
     summary = _read_summary(run_dir)
-    if summary.get("rounds") != cfg["global_rounds"]:
+    if summary.get("rounds") != cfg["global_rounds"] and not summary.get("stopped"):  # stopped: privacy's budget
         raise RuntimeError(
             f"the run stopped after {summary.get('rounds', 0)} of {cfg['global_rounds']} global rounds; "
             "see the log above for the Flower error"

@@ -71,7 +71,11 @@ ADDED_KEYS = {"runtime.dropout": 0.0, "runtime.dropout_nodes": 0.0, "runtime.bat
               "eval_fraction": 1.0,
               # the keys every algorithm has (hfl.config.schema.AlgorithmConfig), recorded since they are declared
               "algorithm.sampling": "children", "algorithm.sample_fraction": 1.0, "algorithm.candidates": 0,
-              "algorithm.level_rounds": None, "algorithm.local_labels": False, "algorithm.local_epochs": None}
+              "algorithm.level_rounds": None, "algorithm.local_labels": False, "algorithm.local_epochs": None,
+              # differential privacy (hfl.node.privacy), off
+              "privacy.level": "off", "privacy.clip": None, "privacy.adaptive": False, "privacy.target_quantile": 0.5,
+              "privacy.clip_lr": 0.2, "privacy.count_stddev": None, "privacy.noise_multiplier": 0.0,
+              "privacy.delta": 1e-5, "privacy.target_epsilon": None}
 
 
 @dataclass
