@@ -42,6 +42,10 @@ class _ServerApp(ServerApp):
         from hfl.deploy.wiring import tier_of
 
         cfg = _config(context)
+        if cfg["runtime"]["name"] == "deployment":
+            from hfl.deploy.supernode import shorten_object_pulls
+
+            shorten_object_pulls()  # the children's replies pulled without Flower's 1 s first retry
         if tier_of(context) == "node":
             from hfl.deploy.node_server import serve_node
 

@@ -151,7 +151,12 @@ def test_roles_must_match_their_superlink() -> None:
 def test_role_commands(tmp_path) -> None:
     paths = make_tls(tmp_path, ["edge-1"])
     tls = roles.ServerTls.from_dir(tmp_path)
-    link, gate, bridge = roles.node_role("1.0", "region:9192", "/w", tls=tls, parent_ca="/g/ca.crt")
+    link, gate, bridge, runner = roles.node_role("1.0", "region:9192", "/w", tls=tls, parent_ca="/g/ca.crt",
+                                                 node_port=9301)
+    # The host's warm runner takes the bridge SuperNode's tasks from its runtime API on loopback (hfl.deploy.runner).
+    assert bridge[bridge.index("--isolation") + 1] == "process" and bridge[bridge.index("--port") + 1] == "9301"
+    assert runner[1:] == ["-m", "hfl.deploy.runner", "--runtime-api", "127.0.0.1:9301"]
+    assert len(roles.node_role("1.0", "region:9192", "/w", per_message=True)) == 3  # Flower's process per message
     assert link[:1] == ["flower-superlink"] and "--insecure" not in link
     # The SuperLink (run submission) on loopback; its children reach the Fleet gate on the role's port.
     assert link[link.index("--host") + 1] == "127.0.0.1" and link[link.index("--port") + 1] == "9193"
@@ -165,8 +170,12 @@ def test_role_commands(tmp_path) -> None:
         f'role="node" path="1.0" node-superlink="127.0.0.1:9193" node-root-certificates="{paths["ca"]}" '
         'work-dir="/w"'
     )
-    device, worker = roles.device_role(7, "edge-1:9192", node_port=9300, state_dir="/s")
+    device, runner = roles.device_role(7, "edge-1:9192", node_port=9300, state_dir="/s")
+    assert runner[1:] == ["-m", "hfl.deploy.runner", "--runtime-api", "127.0.0.1:9300"]
+    assert device[device.index("--isolation") + 1] == "process"
+    device, worker = roles.device_role(7, "edge-1:9192", node_port=9300, state_dir="/s", per_message=True)
     assert worker[1:] == ["-m", "hfl.deploy.device_worker", "--device-id", "7", "--state-dir", "/s"]
+    assert "--isolation" not in device
     assert "--insecure" in device and device[device.index("--port") + 1] == "9300"
     assert device[device.index("--node-config") + 1] == 'role="device" device-id=7 state-dir="/s"'
     with pytest.raises(FileNotFoundError, match="hfl-deploy certs"):

@@ -24,10 +24,15 @@ log = logging.getLogger("hfl")
 
 
 class AbsentChild(ClientProxy):
-    """A child the topology has that is not connected: asked, it fails (a counted failure)."""
+    """A child the topology has that is not connected: asked, it fails (a counted failure), naming
+    what the nodes that did not say who they are answered, if any (e.g. a runner refusing the app)."""
+
+    def __init__(self, cid: str, why: str = "") -> None:
+        super().__init__(cid)
+        self.why = why
 
     def _fail(self, *_: object, **__: object):  # noqa: ANN202
-        raise ChildFailed(f"child {self.cid} is not connected")
+        raise ChildFailed(f"child {self.cid} is not connected" + (f"; {self.why}" if self.why else ""))
 
     get_properties = get_parameters = fit = evaluate = reconnect = _fail
 
@@ -50,6 +55,7 @@ class Children:
         self.rejoin_seconds = wait_seconds if rejoin_seconds is None else rejoin_seconds
         self.names: dict[int, str | None] = {}  # Flower node id -> the child it is (None: not one of ours)
         self.nodes: dict[str, int] = {}  # child -> its newest node id
+        self.unnamed: dict[int, str] = {}  # node id -> why it did not say who it is (its last answer)
         self._lock = threading.Lock()  # the root's Flower server calls its children from threads
 
     def _name(self, props: Mapping) -> str | None:
@@ -74,7 +80,9 @@ class Children:
         for node, reply in zip(new, ask_properties(self.grid, new, {}, timeout, self.interval), strict=True):
             if isinstance(reply, ChildFailed):
                 log.warning("node %s did not say who it is: %s", node, reply)
+                self.unnamed[node] = str(reply)
                 continue  # asked again at the next refresh
+            self.unnamed.pop(node, None)
             name = self._name(reply)
             if name not in self.expected:
                 log.warning("ignored Flower node %s: %s is no child of this node", node, name)
@@ -115,7 +123,13 @@ class Children:
             log.warning("%d of %d children not connected: %s", len(missing), len(self.expected), ", ".join(missing))
         return [GridProxy(c, self.nodes[c], self.grid, self.timeout, self.interval, relocate=self.relocate,
                           rejoin_seconds=self.rejoin_seconds) if c in self.nodes
-                else AbsentChild(c) for c in self.expected]
+                else AbsentChild(c, self._why()) for c in self.expected]
+
+    def _why(self) -> str:
+        """What the connected nodes that did not say who they are answered (the first of them)."""
+        online = set(self.grid.get_node_ids()) if self.unnamed else set()
+        answers = [why for node, why in self.unnamed.items() if node in online]
+        return f"node(s) that did not say who they are answered: {answers[0]}" if answers else ""
 
 
 class ChildrenManager(SimpleClientManager):

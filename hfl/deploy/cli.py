@@ -81,11 +81,11 @@ def role_commands(args: argparse.Namespace) -> list[list[str]]:
             path, args.parent, args.work_dir, host=args.host, port=args.port,
             node_port=args.node_port, tls=_tls(args), parent_ca=args.parent_ca,
             supernode_auth=args.supernode_auth, auth_key=args.auth_key, control=args.control_port,
-            control_host=args.control_host,
+            control_host=args.control_host, per_message=args.per_message,
         )
     return roles.device_role(
         args.device_id, args.parent, node_port=args.node_port, state_dir=args.state_dir,
-        data_path=args.data_path, node_ca=args.parent_ca, auth_key=args.auth_key,
+        data_path=args.data_path, node_ca=args.parent_ca, auth_key=args.auth_key, per_message=args.per_message,
     )
 
 
@@ -169,6 +169,9 @@ def parser() -> argparse.ArgumentParser:
                           dest="parent_ca", help="the parent SuperLink's CA certificate (TLS)")
         host.add_argument("--node-port", type=int, default=roles.NODE_PORT, help="the SuperNode's local API port")
         host.add_argument("--auth-key", help="the SuperNode's private key (SuperLink with --supernode-auth)")
+        host.add_argument("--per-message", action="store_true",
+                          help="Flower's own ClientApp process per message instead of the host's warm runner "
+                               "(hfl.deploy.runner; also the fallback on a Flower the runner was not written for)")
     for host in (n, t):
         host.add_argument("--work-dir", required=True, help="the node's state, mailbox and FLWR_HOME")
 

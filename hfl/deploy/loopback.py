@@ -57,6 +57,7 @@ class Deployment:
     commands: dict[str, list[str]] = field(default_factory=dict)  # process name -> its last command line
     netns: bool = False  # each host in a network namespace of its own, with its own address (hfl.deploy.netns)
     auth: bool = False  # SuperNode authentication on every SuperLink, every SuperNode's key registered first
+    per_message: bool = False  # Flower's process per message on every host instead of its runner (hfl.deploy.runner)
 
     def __post_init__(self) -> None:
         self.inner = self.tree.inner_paths
@@ -78,7 +79,7 @@ class Deployment:
             return "global" if name == "gate-global" else name
         if name.startswith("worker"):
             return f"device{name[len('worker'):]}"
-        if name.startswith(("link-", "bridge-", "gate-")):
+        if name.startswith(("link-", "bridge-", "gate-", "runner-")):
             return f"node-{name.split('-', 1)[1]}"
         return None
 
@@ -142,11 +143,11 @@ class Deployment:
         cmd, worker = roles.device_role(
             device_id, self.link_of(lowest), node_port=self.ports[f"device{device_id}"],
             state_dir=self.root / f"device{device_id}-state", node_ca=self.tls.ca if self.tls else None,
-            auth_key=self.auth_key(f"device{device_id}", lowest),
+            auth_key=self.auth_key(f"device{device_id}", lowest), per_message=self.per_message,
         )
         self.start_process(f"device{device_id}", cmd)
         running = self.procs.get(f"worker{device_id}")
-        if running is None or running.poll() is not None:  # the host's worker (hfl.deploy.device_worker)
+        if running is None or running.poll() is not None:  # the host's runner or worker (hfl.deploy.roles.device_role)
             self.start_process(f"worker{device_id}", worker)
 
     def fault_proxy(self, path: str, delay: float = 0.0) -> FaultProxy:
@@ -165,12 +166,12 @@ class Deployment:
         its bridge (or one of them again)."""
         parent = (":".join(map(str, self.proxies[path].listen)) if path in self.proxies
                   else self.link_of(parent_of(path)))
-        link, gate, bridge = roles.node_role(
+        link, gate, bridge, *runner = roles.node_role(
             path, parent, self.root / f"node-{path}-work", host=self.bind,
             port=self.ports[f"link-{path}"], node_port=self.ports[f"bridge-{path}"], tls=self.tls,
             parent_ca=self.tls.ca if self.tls else None, supernode_auth=self.auth,
             auth_key=self.auth_key(f"bridge-{path}", parent_of(path)) if "bridge" in parts else None,
-            control=self.ports[f"control-{path}"],
+            control=self.ports[f"control-{path}"], per_message=self.per_message,
         )
         (self.root / f"node-{path}-work").mkdir(exist_ok=True)
         if "link" in parts:
@@ -178,6 +179,9 @@ class Deployment:
             self._start_gate(f"gate-{path}", gate, self.ports[f"link-{path}"], self.address(f"node-{path}"))
         if "bridge" in parts:
             self.start_process(f"bridge-{path}", bridge)
+            running = self.procs.get(f"runner-{path}")
+            if runner and (running is None or running.poll() is not None):  # the bridge's runner (hfl.deploy.runner)
+                self.start_process(f"runner-{path}", runner[0])
 
     def start_global(self) -> None:
         """The root's SuperLink, its state in a file (it can be started again), and its gate."""

@@ -41,7 +41,9 @@ def process_env(**extra: str) -> dict[str, str]:
     flwr-serverapp, flwr-clientapp) from PATH, so this interpreter's bin directory comes first;
     the SuperExec that starts them looks for work every 0.25 s (Flower's default: 1 s) unless the
     environment says otherwise."""
-    return {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25", **os.environ,
+    # Telemetry: Flower's processes report to Flower Labs unless told not to; hfl's are off unless the
+    # operator's environment says otherwise.
+    return {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25", "FLWR_TELEMETRY_ENABLED": "0", **os.environ,
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **extra}
 
 
@@ -109,9 +111,12 @@ def supernode_command(
     config: dict[str, object],
     root_certificates: str | Path | None = None,
     auth_key: str | Path | None = None,
+    warm: bool = False,
 ) -> list[str]:
-    # Flower's flower-supernode, with its 3 s idle poll shortened (hfl.deploy.supernode)
+    """Flower's flower-supernode, its idle poll shortened (hfl.deploy.supernode), its runtime API on
+    loopback ``port``; ``warm``: it starts no process per message, the host's runner takes its tasks."""
     cmd = [sys.executable, "-m", "hfl.deploy.supernode", "--superlink", superlink, "--port", str(port), "--node-config", node_config(config)]
+    cmd += ["--isolation", "process"] if warm else []
     cmd += ["--root-certificates", str(root_certificates)] if root_certificates else ["--insecure"]
     if auth_key:
         cmd += ["--auth-supernode-private-key", str(auth_key)]
@@ -158,11 +163,14 @@ def node_role(
     auth_key: str | Path | None = None,
     control: int | None = None,
     control_host: str = LOOPBACK,
+    per_message: bool = False,
 ) -> list[list[str]]:
     """An inner node's host at ``path`` (any level): its SuperLink for its children (its state in
     ``work_dir``/superlink.db, so that it can be started again; submission on loopback
-    ``control``), the Fleet gate its children reach on ``host:port``, and the bridge SuperNode
-    toward its parent's SuperLink (hfl.deploy.bridge)."""
+    ``control``), the Fleet gate its children reach on ``host:port``, the bridge SuperNode
+    toward its parent's SuperLink (hfl.deploy.bridge) and the runner that takes its messages
+    (hfl.deploy.runner; none with ``per_message`` or a Flower the runner does not serve: then
+    Flower starts a process per message)."""
     link, gate = fronted_superlink(host, port, tls, supernode_auth, Path(work_dir) / SUPERLINK_DB, control,
                                    control_host)
     own = control_port(port) if control is None else control
@@ -170,7 +178,23 @@ def node_role(
         "role": "node", "path": path, "node-superlink": f"{LOOPBACK}:{own}",  # its own SuperLink, on loopback
         "node-root-certificates": str(tls.ca) if tls else "", "work-dir": str(work_dir),
     }
-    return [link, gate, supernode_command(parent_superlink, node_port, bridge, parent_ca, auth_key)]
+    warm = uses_runner(per_message)
+    commands = [link, gate, supernode_command(parent_superlink, node_port, bridge, parent_ca, auth_key, warm)]
+    return commands + ([runner_command(node_port)] if warm else [])
+
+
+def uses_runner(per_message: bool) -> bool:
+    """Whether a host's SuperNode hands its messages to a warm runner (hfl.deploy.runner)."""
+    if per_message:
+        return False
+    from hfl.deploy.runner import runner_supported
+
+    return runner_supported()
+
+
+def runner_command(node_port: int) -> list[str]:
+    """The host's runner, taking the tasks of the SuperNode whose runtime API is on loopback ``node_port``."""
+    return [sys.executable, "-m", "hfl.deploy.runner", "--runtime-api", f"{LOOPBACK}:{node_port}"]
 
 
 def device_role(
@@ -182,9 +206,12 @@ def device_role(
     data_path: str | Path | None = None,
     node_ca: str | Path | None = None,
     auth_key: str | Path | None = None,
+    per_message: bool = False,
 ) -> list[list[str]]:
-    """A device host: its SuperNode, and its worker (hfl.deploy.device_worker), which answers the
-    messages the SuperNode's ClientApp processes relay to it."""
+    """A device host: its SuperNode, and the process that answers its messages: the runner
+    (hfl.deploy.runner), which runs the device's ClientApp in itself, or with ``per_message`` (or a
+    Flower the runner does not serve) the worker (hfl.deploy.device_worker) that the ClientApp
+    process Flower starts per message relays to."""
     config: dict[str, object] = {"role": "device", "device-id": device_id}
     worker = [sys.executable, "-m", "hfl.deploy.device_worker", "--device-id", str(device_id)]
     if state_dir:
@@ -193,6 +220,8 @@ def device_role(
     if data_path:
         config["data-path"] = str(data_path)
         worker += ["--data-path", str(data_path)]
+    if uses_runner(per_message):
+        return [supernode_command(node_superlink, node_port, config, node_ca, auth_key, warm=True), runner_command(node_port)]
     return [supernode_command(node_superlink, node_port, config, node_ca, auth_key), worker]
 
 
