@@ -266,3 +266,22 @@ def test_a_key_nothing_reads_is_refused(override):
         except Exception as exc:  # Hydra's error for an override of a key the schema lacks
             raise schema.config_error(exc) or exc
     assert err.value.key == "privacy.clipp"
+
+
+def test_local_dp_noises_every_device_alike_on_the_batched_and_the_per_device_path(tmp_path):
+    common = [*SMALL, "runtime=inprocess", "privacy.level=local", "privacy.clip=0.5", "privacy.noise_multiplier=0.3"]
+    run(compose_cfg(*common, "runtime.batched=on"), tmp_path / "batched")
+    run(compose_cfg(*common, "runtime.batched=off"), tmp_path / "one-by-one")
+    run(compose_cfg(*SMALL, "runtime=inprocess"), tmp_path / "plain")
+    for a, b in zip(global_model(tmp_path / "batched"), global_model(tmp_path / "one-by-one"), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)  # the batched path's float tolerance
+    assert not np.allclose(global_model(tmp_path / "batched")[0], global_model(tmp_path / "plain")[0], atol=1e-3)
+    epsilons = [line["dp_epsilon"] for line in metrics(tmp_path / "batched")]
+    assert epsilons == [pytest.approx(dp.epsilon(0.3, 1.0, 2 * r, 1e-5)) for r in (1, 2, 3)]  # q = 1, K rounds
+
+
+def test_the_console_round_line_shows_the_epsilon_spent():
+    from hfl.output.console import round_line
+
+    assert "ε 3.99" in round_line({"round": 2, "pm_accuracy": 0.5, "dp_epsilon": 3.9912, "seconds": 1.0}, 3)
+    assert "ε" not in round_line({"round": 2, "pm_accuracy": 0.5, "seconds": 1.0}, 3)

@@ -205,6 +205,8 @@ def check_privacy(cfg: Mapping) -> None:
     if not isinstance(privacy, Mapping):
         return
     level = privacy.get("level")
+    if level is False:  # YAML 1.1 reads an unquoted `off` as false
+        return
     text = str(level).lower()
     if isinstance(level, bool) or (text not in PRIVACY_LEVELS and not (isinstance(level, int) and level >= 0)):
         raise ConfigError("privacy.level", f"must be off, local, lowest, root or a node level (0 = root), got {level!r}")

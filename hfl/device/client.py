@@ -58,6 +58,8 @@ def _private_plan(fit_plan: Callable) -> Callable:
         plan = fit_plan(self, parameters, config)
         if plan is None or LOCAL_CLIP not in config:
             return plan
+        if not isinstance(plan, FitPlan):  # a plan stepped with its group's (hfl.accel): the device's own fit instead
+            return None
         finish = plan.finish
         # The per-device path and the batched one (hfl.accel.batched) both end in the plan's finish.
         plan.finish = lambda models, losses: privatize_reply(finish(models, losses), parameters, config,
