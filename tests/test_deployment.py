@@ -44,11 +44,13 @@ BASE = [
 
 
 def deployed(tmp_path: Path, overrides: list[str], tls: ServerTls | None = None, during=None,
-             setup=None, netns: bool = False, auth: bool = False) -> tuple[Path, Deployment]:
+             setup=None, netns: bool = False, auth: bool = False, per_message: bool = False) -> tuple[Path, Deployment]:
     """Run the experiment on a fresh deployment (``setup(dep)`` before it starts, ``during(dep,
     out)`` to submit and meddle; ``netns``: every host in a network namespace of its own; ``auth``:
-    SuperNode authentication on every SuperLink); return its output directory."""
-    dep = Deployment(tmp_path / "deploy", federation_for(compose_cfg(*overrides)).tree, tls, netns=netns, auth=auth)
+    SuperNode authentication on every SuperLink; ``per_message``: Flower's process per message on
+    every host instead of its runner); return its output directory."""
+    dep = Deployment(tmp_path / "deploy", federation_for(compose_cfg(*overrides)).tree, tls, netns=netns, auth=auth,
+                     per_message=per_message)
     dep.root.mkdir(parents=True)
     out = tmp_path / "out"
     try:
@@ -92,14 +94,20 @@ def assert_same_run(deploy_dir: Path, sim_dir: Path) -> None:
         assert dep[key] == (None if sim[key] is None else pytest.approx(sim[key], abs=1e-9)), key
 
 
-def test_two_global_rounds_over_tls_and_supernode_auth_match_in_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_message", [False, True], ids=["runner", "per-message"])
+def test_two_global_rounds_over_tls_and_supernode_auth_match_in_process(tmp_path: Path, per_message: bool) -> None:
     """2 level-1 node hosts x 2 devices, every SuperLink serving TLS and admitting only registered
     SuperNodes (the bridges' keys registered with the root's SuperLink, the devices' with their
-    node's): the in-process run's models."""
+    node's): the in-process run's models, whether each host's runner takes its messages or Flower
+    starts a process per message (the fallback)."""
     paths = make_tls(tmp_path / "tls", ["localhost"])
     tls = ServerTls(paths["ca"], paths["cert"], paths["key"])
     overrides = [*BASE, "global_rounds=2", "eval_every=2", "algorithm.team_rounds=2"]
-    run_dir, dep = deployed(tmp_path, overrides, tls, auth=True)
+    run_dir, dep = deployed(tmp_path, overrides, tls, auth=True, per_message=per_message)
+    supernodes = [c for n, c in dep.commands.items() if n.startswith(("bridge-", "device"))]
+    assert all(("--isolation" in c) != per_message for c in supernodes)
+    executors = sorted(" ".join(c[1:3]) for n, c in dep.commands.items() if n.startswith(("runner-", "worker")))
+    assert executors == (["-m hfl.deploy.device_worker"] * 4 if per_message else ["-m hfl.deploy.runner"] * 6)
     assert sorted(p.name for p in (dep.root / "keys").glob("*.pub")) == [
         "bridge-0.pub", "bridge-1.pub", "device0.pub", "device1.pub", "device2.pub", "device3.pub"]
     links = ["global", *[f"link-{p}" for p in dep.inner]]
@@ -294,7 +302,7 @@ def kill_root_serverapp(dep: Deployment) -> list[int]:
 @pytest.mark.slow  # ~8 minutes: make test-deploy, or pytest -m deployment
 def test_every_kind_of_process_killed_mid_round_and_started_again_ends_as_never_killed(tmp_path: Path) -> None:
     """One run, one crash of each kind, each mid-round and each started again with its own
-    command: round 1 a device SuperNode; round 2 node 0's bridge SuperNode and node 1's SuperLink
+    command: round 1 a device SuperNode and another device's runner; round 2 node 0's bridge SuperNode and node 1's SuperLink
     (its node server goes with it); round 3 the root's ServerApp; round 4 the global SuperLink
     (hfl-deploy submit submits the root again, resuming). Every model and state ends as in the
     in-process run; no round counted a failure."""
@@ -317,6 +325,12 @@ def test_every_kind_of_process_killed_mid_round_and_started_again_ends_as_never_
         dep.kill(f"device{device}")  # its fit message in hand
         dep.start_device(device)
         crashes.append("device")
+        other = dep.tree.devices("1")[0]
+        other_log = dep.root / f"device{other}.log"
+        _wait_until(lambda: "Receiving: train message" in other_log.read_text(errors="replace"), 300)
+        dep.kill(f"worker{other}")  # the device host's runner, a task of round 1 in hand or about to be
+        dep.start_process(f"worker{other}", dep.commands[f"worker{other}"])  # beside its SuperNode, still running
+        crashes.append("device runner")
         at_round(2)
         dep.kill("bridge-0")
         dep.kill("link-1")
@@ -334,7 +348,7 @@ def test_every_kind_of_process_killed_mid_round_and_started_again_ends_as_never_
         return subprocess.CompletedProcess(cmd, submit.returncode, stdout, stderr)
 
     run_dir, dep = deployed(tmp_path, overrides, during=chaos)
-    assert len(crashes) == 4
+    assert len(crashes) == 5
     sim_dir = simulated(tmp_path, overrides)
     assert_same_run(run_dir, sim_dir)
     assert_same_states(dep, run_dir, sim_dir)
