@@ -1,7 +1,7 @@
 """Benchmark: differential privacy at the lowest servers versus at the root (issue 52's table).
 
-PerMFL and B-HFL on the MNIST test split with MCLR (4 teams x 10 devices, the pFedMe 2-class
-split), in process. For each target ε (δ = 1e-5) the noise multiplier is the accountant's for the
+PerMFL and B-HFL on the MNIST test split with MCLR (4 teams x 10 devices by default, the pFedMe
+2-class split), in process. For each target ε (δ = 1e-5) the noise multiplier is the accountant's for the
 run's rounds and sampling (hfl.rules.privacy.noise_for_epsilon): at the lowest servers each team
 asks half its devices per team round (q = 0.5, global_rounds x team_rounds steps); at the root
 every team is asked each global round (q = 1, global_rounds steps). Prints final PM and GM
@@ -40,7 +40,7 @@ def config(algorithm: str, args: argparse.Namespace, extra: list[str]) -> dict:
     overrides = [*ALGORITHMS[algorithm], f"dataset.root={args.root}", f"global_rounds={args.rounds}",
                  f"algorithm.team_rounds={args.team_rounds}", f"algorithm.local_steps={args.local_steps}",
                  "algorithm.sample_fraction=[1,0.5]", f"eval_every={args.rounds}", "runtime=inprocess",
-                 "runtime.torch_threads=1", *extra]
+                 "runtime.torch_threads=1", f"topology.devices_per_team={args.devices_per_team}", *extra]
     schema.register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
@@ -61,6 +61,7 @@ def main() -> int:
     parser.add_argument("--team-rounds", type=int, default=2)
     parser.add_argument("--local-steps", type=int, default=10)
     parser.add_argument("--clip", type=float, default=0.5)
+    parser.add_argument("--devices-per-team", type=int, default=10, help="4 teams of this many devices")
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 4.0, 8.0])
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS))
     args = parser.parse_args()
