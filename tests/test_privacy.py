@@ -150,6 +150,13 @@ def test_the_dp_levels_rounds_and_sampling_rate():
     assert (root.sample_rate, root.steps_per_round) == (1.0, 1)
     assert (local.sample_rate, local.steps_per_round) == (1.0, 2)
     assert lowest.epsilon(3) == dp.epsilon(1.0, 0.5, 6, 1e-5)
+    # sampling=devices: the root's draw holds for every team round of a global round, so a device's K = 2
+    # releases in it are one sampled event of noise sigma / sqrt(K)
+    drawn = algorithm_params({**cfg["algorithm"], "sampling": "devices", "sample_fraction": 0.25})
+    per_draw = plan(settings("lowest"), drawn, 2)
+    assert (per_draw.sample_rate, per_draw.steps_per_round) == (0.25, 1)
+    assert per_draw.epsilon(3) == pytest.approx(dp.epsilon(1.0 / math.sqrt(2), 0.25, 3, 1e-5))
+    assert per_draw.epsilon(3) > dp.epsilon(1.0, 0.25, 6, 1e-5)  # more than K independent draws would spend
 
 
 # ---------------------------------------------------------------- end to end

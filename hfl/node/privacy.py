@@ -104,13 +104,16 @@ def plan(settings: PrivacySettings, params: Any, depth: int) -> PrivacyPlan:
     level = settings.node_level(depth)
     last = depth - 1 if level is None else level
     steps = math.prod(params.rounds_at(lvl, depth) for lvl in range(1, last + 1))
+    sigma = settings.noise_multiplier
     if level is None:
         q = 1.0
-    elif params.sampling == "devices":
-        q = float(params.sample_fraction) if level == depth - 1 else 1.0
+    elif params.sampling == "devices" and level == depth - 1:
+        # The root draws the devices once per global round and every round of that global round asks the same
+        # ones: one sampled event a global round, of `steps` Gaussian releases (noise sigma / sqrt(steps)).
+        q, sigma, steps = float(params.sample_fraction), sigma / math.sqrt(steps), 1
     else:
         q = params.fraction_at(level)
-    return PrivacyPlan(settings.noise_multiplier, q, steps, settings.delta, settings.target_epsilon)
+    return PrivacyPlan(sigma, q, steps, settings.delta, settings.target_epsilon)
 
 
 class NodePrivacy:
