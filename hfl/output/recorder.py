@@ -177,7 +177,9 @@ class Recorder:
             # The console shows this line (hfl.output.console); ROUND moves its progress bar.
             log.info("%s", round_line(line, self.num_rounds), extra={ROUND: rnd, SHOW: "run"})
         else:
-            log.info("round %d/%d trained, not evaluated, %.2fs", rnd, self.num_rounds, seconds, extra={ROUND: rnd})
+            spent = f", ε {counters['dp_epsilon']:.3g}" if "dp_epsilon" in counters else ""  # privacy (hfl.node.privacy)
+            log.info("round %d/%d trained, not evaluated%s, %.2fs", rnd, self.num_rounds, spent, seconds,
+                     extra={ROUND: rnd})
         if checkpoint:
             write_checkpoint(self.run_dir, Checkpoint(rnd, self.state()))
         if rnd == self.num_rounds or counters.get("dp_budget_stop"):  # the last round, or the privacy budget's

@@ -72,7 +72,10 @@ def adaptive_noise(noise_multiplier: float, children: int, count_stddev: float |
     """(the count's noise std, the model's noise multiplier) that together give ``noise_multiplier``
     (Andrew et al. 2021, Thm 1: z_model = (z^-2 - (2 sigma_b)^-2)^-1/2), by Flower's
     ``compute_adaptive_noise_params``; ``count_stddev`` None: ``children / 20``."""
-    from flwr.supercore.differential_privacy import compute_adaptive_noise_params
+    try:  # Flower 1.42 keeps its DP helpers in flwr.supercore; earlier releases in flwr.common
+        from flwr.supercore.differential_privacy import compute_adaptive_noise_params
+    except ImportError:  # pragma: no cover - Flower 1.41
+        from flwr.common.differential_privacy import compute_adaptive_noise_params
 
     return compute_adaptive_noise_params(noise_multiplier, children, count_stddev)
 
