@@ -442,6 +442,9 @@ def test_flwr_run_in_one_command_matches_in_process(tmp_path: Path) -> None:
     log = (tmp_path / "work" / "superlink.log").read_text()[-3000:] if (tmp_path / "work" / "superlink.log").exists() else ""
     assert done.returncode == 0 and "finished:completed" in done.stdout, f"{done.stdout}\n{done.stderr[-3000:]}\n{log}"
     (run_dir,) = (tmp_path / "flwr").iterdir()
+    # it says where the outputs are, each round as it ends, then the summary table
+    assert f"outputs in {run_dir}" in done.stdout and "round 1/2" in done.stdout and "round 2/2" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "hfl-deploy simulate: finished:completed"
     assert_same_run(run_dir, simulated(tmp_path, overrides))
     # the run recorded its config, so its report names the seed (it said "seed: —")
     assert json.loads((run_dir / "checkpoints" / "config.json").read_text())["seed"] == 0

@@ -104,3 +104,26 @@ def test_telemetry_is_off_for_hfls_flower_processes_unless_the_operator_says(mon
     assert roles.process_env()["FLWR_TELEMETRY_ENABLED"] == "0"
     monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "1")
     assert roles.process_env()["FLWR_TELEMETRY_ENABLED"] == "1"
+
+
+def test_a_role_logs_each_process_to_its_file_and_says_one_line_per_change(tmp_path) -> None:
+    """``hfl-deploy global`` through its process: a line per process started (naming its log),
+    the processes' own output in their files, and one line when one ends."""
+    gate, control = free_ports(2)
+    logs = tmp_path / "logs"
+    role = subprocess.Popen([roles.executable("hfl-deploy"), "global", "--host", "127.0.0.1", "--port", str(gate),
+                             "--control-port", str(control), "--log-dir", str(logs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    try:
+        wait_port(control, timeout=60)
+        wait_port(gate, timeout=60)
+    finally:
+        role.terminate()
+        out, _ = role.communicate(timeout=60)
+    lines = out.strip().splitlines()
+    assert [line.split(" (pid")[0] for line in lines[:2]] == ["hfl-deploy: superlink started", "hfl-deploy: gate started"]
+    assert lines[0].endswith(f"log {logs / 'superlink.log'}") and lines[1].endswith(f"log {logs / 'gate.log'}")
+    assert lines[2].startswith("hfl-deploy: ") and "ended (exit code" in lines[2]
+    assert len(lines) == 3  # nothing else: the processes' output is in their files
+    assert "Starting Flower SuperLink" in (logs / "superlink.log").read_text()
+    assert oct((logs / "superlink.log").stat().st_mode & 0o777) == "0o600"  # the owner's alone

@@ -38,15 +38,36 @@ from hfl.deploy.wiring import PROJECT_DIR
 from hfl.errors import ConfigError, one_line, user_error
 
 
-def supervise(commands: list[list[str]]) -> int:
-    """Run the role's processes; when one ends (or on SIGTERM/SIGINT) stop the others. They run
-    under umask 0077, as does every process they start (Flower's SuperExec, the ServerApp and
-    ClientApp processes, hfl's node servers): what they write on this host — a SuperLink's
-    superlink.db, node state, mailboxes, device data and state — is readable by its owner alone."""
+PROCESS_NAMES = {"flower-superlink": "superlink", "hfl.deploy.gate": "gate", "hfl.deploy.supernode": "supernode",
+                 "hfl.deploy.runner": "runner", "hfl.deploy.device_worker": "worker"}
+
+
+def process_name(command: list[str]) -> str:
+    """What a role's process is: superlink, gate, supernode, runner or worker."""
+    module = command[2] if command[1:2] == ["-m"] else Path(command[0]).name
+    return PROCESS_NAMES.get(module, module)
+
+
+def supervise(commands: list[list[str]], log_dir: Path | None = None, say=print) -> int:  # noqa: ANN001
+    """Run the role's processes; when one ends (or on SIGTERM/SIGINT) stop the others. With
+    ``log_dir`` each writes its output to ``<log_dir>/<name>.log`` and the console gets one line per
+    change (started, ended, stopping); without, their output is the console's. They run under umask
+    0077, as does every process they start (Flower's SuperExec, the ServerApp and ClientApp
+    processes, hfl's node servers): what they write on this host — a SuperLink's superlink.db, node
+    state, mailboxes, device data and state, these logs — is readable by its owner alone."""
     private_umask()
     env = roles.process_env()
-    procs = [subprocess.Popen([roles.executable(c[0]), *c[1:]], env=env, preexec_fn=roles.default_signals)
-             for c in commands]
+    names = [process_name(c) for c in commands]
+    if log_dir is not None:
+        private_dir(log_dir)
+    procs = []
+    for name, command in zip(names, commands, strict=True):
+        out = (Path(log_dir) / f"{name}.log").open("ab") if log_dir is not None else None
+        procs.append(subprocess.Popen([roles.executable(command[0]), *command[1:]], env=env, stdout=out,
+                                      stderr=subprocess.STDOUT if out else None, preexec_fn=roles.default_signals))
+        if out is not None:
+            out.close()  # the child holds it
+            say(f"hfl-deploy: {name} started (pid {procs[-1].pid}), log {Path(log_dir) / f'{name}.log'}")
 
     def stop(*_: object) -> None:
         for proc in procs:
@@ -57,7 +78,10 @@ def supervise(commands: list[list[str]]) -> int:
     signal.signal(signal.SIGINT, stop)
     while all(proc.poll() is None for proc in procs):
         time.sleep(0.5)
-    code = next(proc.returncode for proc in procs if proc.poll() is not None)
+    ended = next(i for i, proc in enumerate(procs) if proc.poll() is not None)
+    code = procs[ended].returncode
+    if log_dir is not None:
+        say(f"hfl-deploy: {names[ended]} ended (exit code {code}); stopping the role's other processes")
     stop()
     for proc in procs:
         try:
@@ -87,6 +111,16 @@ def role_commands(args: argparse.Namespace) -> list[list[str]]:
         args.device_id, args.parent, node_port=args.node_port, state_dir=args.state_dir,
         data_path=args.data_path, node_ca=args.parent_ca, auth_key=args.auth_key, per_message=args.per_message,
     )
+
+
+def default_log_dir(args: argparse.Namespace) -> Path:
+    """Where a role's processes log by default: its work directory (a node), its state directory
+    (a device), the current directory (the root's host), under ``logs``."""
+    if args.command in ("node", "team"):
+        return Path(args.work_dir) / "logs"
+    if args.command == "device":
+        return Path(args.state_dir or roles.DEFAULT_STATE_DIR) / "logs"
+    return Path("logs")
 
 
 def submit(args: argparse.Namespace) -> int:
@@ -145,6 +179,8 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("device", help="a device SuperNode")
     for role in (g, n, t, d):
         role.add_argument("--print", action="store_true", help="print the commands instead of running them")
+        role.add_argument("--log-dir", help="where each process of the role logs (<name>.log; default: logs/ in the "
+                                            "node's work dir, the device's state dir, or here); - for the console")
     for link, port in ((g, roles.GLOBAL_PORT), (n, roles.INNER_PORT), (t, roles.INNER_PORT)):
         link.add_argument("--host", default="0.0.0.0", help="address the Fleet gate binds (what SuperNodes reach)")
         link.add_argument("--port", type=int, default=port, help="the Fleet gate's port (Flower's Fleet API only)")
@@ -232,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             if args.command in ("node", "team"):
                 private_dir(args.work_dir)  # its SuperLink's database is there
-            return supervise(commands)
+            return supervise(commands, None if args.log_dir == "-" else Path(args.log_dir or default_log_dir(args)))
         if args.command == "submit":
             return submit(args)
         if args.command == "simulate":

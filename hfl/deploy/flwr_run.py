@@ -13,6 +13,8 @@ import shlex
 import signal
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hfl.deploy import roles
@@ -22,10 +24,13 @@ from hfl.deploy.loopback import free_ports, wait_port
 log = logging.getLogger("hfl")
 
 
-def simulate(overrides: list[str], output_dir: Path, app_dir: Path, timeout: float, work_dir: Path | None = None) -> str:
+def simulate(overrides: list[str], output_dir: Path, app_dir: Path, timeout: float, work_dir: Path | None = None,
+             say: Callable[[str], None] = print) -> str:
     """Run the experiment ``overrides`` describe with ``flwr run`` on a fresh local simulation
-    SuperLink; returns the run's final status (``finished:completed`` when it succeeded). The
-    overrides are checked here first, so a bad one fails before any process starts."""
+    SuperLink, saying its rounds as they end and then its summary and where its outputs are;
+    returns the run's final status (``finished:completed`` when it succeeded). The overrides are
+    checked here first, so a bad one fails before any process starts."""
+    from hfl.deploy.submit import RoundsShown
     from hfl.config.compose import compose_config
     from hfl.runtime.build import federation_for
 
@@ -47,11 +52,17 @@ def simulate(overrides: list[str], output_dir: Path, app_dir: Path, timeout: flo
         try:
             wait_port(port, timeout=60)
             link = ControlClient(f"127.0.0.1:{port}", "", home, app_dir)
-            run_config = {"overrides": shlex.join(overrides), "output-dir": str(output_dir.resolve())}
+            run_name = time.strftime("%Y-%m-%d_%H-%M-%S")
+            run_config = {"overrides": shlex.join(overrides), "output-dir": str(output_dir.resolve()),
+                          "run-name": run_name}
             run_id = link.submit(run_config, work / "run-config.toml",
                                  federation_config={"num-supernodes": supernodes})
-            log.info("hfl-deploy simulate: run %d on %d SuperNodes (SuperLink 127.0.0.1:%d)", run_id, supernodes, port)
-            return link.wait(run_id, timeout, poll=2.0)
+            say(f"hfl-deploy simulate: run {run_id} on {supernodes} SuperNodes; outputs in "
+                f"{output_dir.resolve() / run_name}")
+            rounds = RoundsShown(output_dir.resolve() / run_name, int(cfg["global_rounds"]), say)
+            status = link.wait(run_id, timeout, poll=2.0, done=lambda: rounds.poll() or False)
+            rounds.finish(status)
+            return status
         finally:
             if superlink.poll() is None:
                 os.killpg(superlink.pid, signal.SIGTERM)
