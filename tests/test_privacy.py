@@ -187,9 +187,10 @@ def test_dp_that_clips_nothing_and_adds_no_noise_is_the_plain_run_bit_for_bit(tm
 DP_RUN = [*SMALL, "privacy.clip=0.5", "privacy.noise_multiplier=0.8"]
 
 
-@pytest.mark.parametrize("level", ["lowest", "root"])
-def test_central_dp_on_ray_equals_in_process_and_changes_the_model(tmp_path, level):
-    common = [*DP_RUN, f"privacy.level={level}", "privacy.adaptive=true", "privacy.count_stddev=1.0"]
+@pytest.mark.parametrize("level", ["lowest", "root", "local"])
+def test_dp_on_ray_equals_in_process_and_changes_the_model(tmp_path, level):
+    adaptive = ["privacy.adaptive=true", "privacy.count_stddev=1.0"] if level != "local" else []
+    common = [*DP_RUN, f"privacy.level={level}", *adaptive]
     run(compose_cfg(*common, "runtime=inprocess"), tmp_path / "inprocess")
     run(compose_cfg(*common, "runtime=simulation"), tmp_path / "ray")
     assert_same_models(tmp_path / "ray", tmp_path / "inprocess")
@@ -197,7 +198,7 @@ def test_central_dp_on_ray_equals_in_process_and_changes_the_model(tmp_path, lev
     run(compose_cfg(*SMALL, "runtime=inprocess"), tmp_path / "plain")
     assert not np.array_equal(global_model(tmp_path / "inprocess")[0], global_model(tmp_path / "plain")[0])
     epsilons = [line["dp_epsilon"] for line in metrics(tmp_path / "inprocess")]
-    steps = 2 if level == "lowest" else 1  # team_rounds rounds a global round at the lowest servers
+    steps = 1 if level == "root" else 2  # team_rounds rounds a global round at the lowest servers and devices
     assert epsilons == [pytest.approx(dp.epsilon(0.8, 1.0, r * steps, 1e-5)) for r in (1, 2, 3)]
 
 
