@@ -92,8 +92,10 @@ def test_start_up_milestones_of_ray_and_flower_become_hfl_lines(caplog):
     handler.prefix = "#1 seed=1: "
     root = logging.getLogger()
     root.addHandler(handler)
-    try:
-        with caplog.at_level(logging.DEBUG):
+    from hfl.runtime.simulate import ray_output_to_log
+
+    try:  # Ray's logger as a simulation sets it (Ray's own configuration, once imported, stops it propagating)
+        with caplog.at_level(logging.DEBUG), ray_output_to_log():
             logging.getLogger("hfl").info("hfl: starting", extra={SHOW: "run", STARTUP: True})
             logging.getLogger("ray._private.worker").info("Started a local Ray instance.")
             logging.getLogger("flwr").debug("Constructed ActorPool with: 3 actors")
