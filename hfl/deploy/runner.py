@@ -34,7 +34,8 @@ log = logging.getLogger("hfl")
 SUPPORTED = ("1.42.",)
 HOST_PROJECT = Path(__file__).resolve().parents[2]  # this host's hfl project (its hfl/, strategies/, conf/ ...)
 BUNDLE_ONLY = ("pyproject.toml", "README.md")  # the app's metadata: Flower rewrites it into the bundle
-POLL, MAX_POLL = 0.01, 0.1  # seconds between asks for a task: 10 ms after one, growing to 0.1 s idle
+POLL, MAX_POLL = 0.01, 0.1
+TASK_RETRY_SECONDS = 30.0  # how long one call of a task waits for its SuperNode (started again, busy) before giving the task up  # seconds between asks for a task: 10 ms after one, growing to 0.1 s idle
 
 
 def bundle_differs(bundle: Path, host: Path) -> str | None:
@@ -48,6 +49,41 @@ def bundle_differs(bundle: Path, host: Path) -> str | None:
         if not mine.is_file() or mine.read_bytes() != path.read_bytes():
             return str(rel)
     return None
+
+
+def task_retries(max_time: float = TASK_RETRY_SECONDS) -> Any:
+    """A retry policy for the runner's calls to its SuperNode: transport errors and 5xx retried for
+    ``max_time`` seconds at most, a refused token (401/403: the SuperNode was started again and
+    forgot the task) given up at once. Flower's own policy (``make_simple_http_retry_invoker``)
+    retries forever and answers a 401 by sending SIGINT to its process, which is right for a
+    one-task ``flwr-clientapp`` and would end the runner with every later task."""
+    import httpx
+    from flwr.supercore.retry.retry_invoker import RetryInvoker, exponential
+
+    def give_up(exc: Exception) -> bool:
+        return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code < 500
+
+    return RetryInvoker(wait_gen_factory=lambda: exponential(base_delay=0.05, max_delay=1.0),
+                        recoverable_exceptions=(httpx.TransportError, httpx.HTTPStatusError),
+                        max_tries=None, max_time=max_time, should_giveup=give_up)
+
+
+def task_heartbeat(client: Any) -> Any:
+    """The task's heartbeat to its SuperNode. Flower's (``make_task_heartbeat_fn_http``) sends SIGINT to
+    its process when the SuperNode no longer knows the task; the runner's only stops beating for it."""
+    import httpx
+    from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest  # pylint: disable=no-name-in-module
+
+    request = SendTaskHeartbeatRequest()
+
+    def beat() -> bool:
+        try:
+            client.SendTaskHeartbeat(request)  # not known any more (success false): the task's calls fail on their own
+        except httpx.HTTPError:
+            return False
+        return True
+
+    return beat
 
 
 def runner_supported() -> bool:
@@ -69,14 +105,13 @@ class Runner:
 
     def __init__(self, address: str) -> None:
         from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
-        from flwr.supercore.retry import make_simple_http_retry_invoker
         from flwr.supercore.runtime import RuntimeHttpClient
 
         self.address = address
         self.client = RuntimeHttpClient.from_server_address(
             server_address=address, insecure=True, root_certificates=None,
             interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
-            retry_invoker=make_simple_http_retry_invoker())
+            retry_invoker=task_retries(max_time=MAX_POLL))
         self.apps: dict[str, Any] = {}  # bundle hash -> its loaded ClientApp
         self.tasks = 0
 
@@ -113,9 +148,8 @@ class Runner:
         from flwr.app.error import Error
         from flwr.clientapp.client_app import LoadClientAppError
         from flwr.common.constant import ErrorCode, SubStatus
-        from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+        from flwr.supercore.heartbeat import HeartbeatSender
         from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
-        from flwr.supercore.retry import make_simple_http_retry_invoker
         from flwr.supercore.runtime import RuntimeHttpClient
         from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
@@ -123,8 +157,8 @@ class Runner:
             server_address=self.address, insecure=True, root_certificates=None,
             interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
                           RuntimeTokenHttpInterceptor(token)],
-            retry_invoker=make_simple_http_retry_invoker())
-        heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+            retry_invoker=task_retries())
+        heartbeat = HeartbeatSender(task_heartbeat(client))
         heartbeat.start()
         message = reply = context = None
         status, details = SubStatus.FAILED, "ClientApp task failed"
@@ -144,6 +178,9 @@ class Runner:
                 if reply is not None and context is not None:
                     push_message(client, reply, context)
                 push_task_output(client, context, status, details)
+            except Exception as exc:  # noqa: BLE001 - its SuperNode gone or started again: the task is lost there
+                log.warning("runner: could not hand the task's reply to its SuperNode (%s: %s); the node asks again",
+                            type(exc).__name__, exc)
             finally:
                 heartbeat.stop()
                 client.close()
@@ -168,7 +205,10 @@ class Runner:
                 wait = min(wait * 1.5, MAX_POLL)
                 continue
             started = time.monotonic()
-            self.run_task(token)
+            try:
+                self.run_task(token)
+            except Exception as exc:  # noqa: BLE001 - one task's trouble (its SuperNode restarting) ends that task only
+                log.warning("runner: a task failed before it ran (%s: %s)", type(exc).__name__, exc)
             wait = POLL
             log.info("runner: task %d done in %.2f s", self.tasks, time.monotonic() - started)
 
