@@ -55,6 +55,7 @@ class MemoryGrid:
         self.pending: dict[str, object] = {}
         self.ids = itertools.count()
         self.pulls = 0
+        self.crash: dict[int, int] = {}  # node -> how many of its next tasks die ("ClientApp stopped responding")
 
     def get_node_ids(self):  # noqa: ANN201
         return list(self.clients)
@@ -83,6 +84,15 @@ class MemoryGrid:
                 del self.pending[msg_id]
                 continue
             if node in self.down:
+                continue
+            if self.crash.get(node):
+                from flwr.app import Error, Message
+                from flwr.common.constant import ErrorCode
+
+                self.crash[node] -= 1
+                replies.append(Message(Error(code=ErrorCode.CLIENT_APP_CRASHED, reason="ClientApp stopped responding."),
+                                       reply_to=msg))
+                del self.pending[msg_id]
                 continue
             client = self.clients[node]
             try:
@@ -188,3 +198,22 @@ def test_a_node_server_counts_the_looks_its_superlink_did_not_answer() -> None:
 
     assert _superlink_lost(Gone(), 2) == 3  # the third in a row ends the node server
     assert _superlink_lost(MemoryGrid({}), 2) == 0
+
+
+@pytest.mark.parametrize(("crashes", "answered"), [(1, True), (2, True), (3, False)])
+def test_a_child_whose_task_process_died_is_sent_its_message_again(crashes, answered) -> None:
+    """A device's runner (or Flower's ClientApp process) killed mid-task: its SuperNode answers
+    "ClientApp stopped responding"; the node sends the message again, twice at most (CRASH_RETRIES)."""
+    grid = MemoryGrid({11: Doubler({"device_id": 1}), 12: Doubler({"device_id": 2})})
+    children = Children(grid, ["000001", "000002"], devices=True, wait_seconds=0.2, timeout=5.0, interval=0.01)
+    proxies = children.proxies()
+    grid.crash[11] = crashes
+    ins = FitIns(ndarrays_to_parameters([np.ones(2, dtype=np.float32)]), {"round": "3.1"})
+    first, second = fit_together([(p, ins) for p in proxies])
+    assert second.metrics["device_id"] == 2 and grid.pushed.count(12) == 2  # asked who it is, its fit once
+    if answered:
+        assert first.metrics == {"round": "3.1", "device_id": 1}
+        assert grid.pushed.count(11) == 2 + crashes  # asked who it is, the fit, the fit again per crash
+    else:
+        assert isinstance(first, ChildFailed) and "ClientApp stopped responding" in str(first)
+        assert grid.pushed.count(11) == 2 + 2

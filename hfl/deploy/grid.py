@@ -60,6 +60,9 @@ class ChildFailed(RuntimeError):
     """A child's reply carried an error, or none came before the deadline."""
 
 
+CRASH_RETRIES = 2  # a message is sent again this often to a child whose task process died
+
+
 def exchange(grid: Grid, messages: Sequence[Message], timeout: float | None,
              interval: float = INTERVAL, relocate: Relocate | None = None,
              rejoin_seconds: float = 60.0) -> list[Message | ChildFailed]:
@@ -70,13 +73,16 @@ def exchange(grid: Grid, messages: Sequence[Message], timeout: float | None,
     With ``relocate`` (hfl.deploy.children.Children.relocate), a message whose child came back
     as a new Flower node (its process killed and started again) is pushed again to that node:
     looked for every RELOCATE_EVERY seconds, and once Flower reports the old node gone, for
-    ``rejoin_seconds`` more before the child counts as failed. Children answer a message they
-    see again as they did the first time (hfl.deploy.device, hfl.deploy.bridge)."""
+    ``rejoin_seconds`` more before the child counts as failed. A child whose task process died
+    (Flower's "ClientApp stopped responding") is sent the message again, ``CRASH_RETRIES`` times
+    at most. Children answer a message they see again as they did the first time
+    (hfl.deploy.device, hfl.deploy.bridge)."""
     n = len(messages)
     dst = [m.metadata.dst_node_id for m in messages]
     current: list[str | None] = [mid or None for mid in grid.push_messages(messages)]
     replies: dict[int, Message] = {}
     gone: dict[int, tuple[Message, float]] = {}  # message index -> Flower's "node unavailable", since when
+    crashes = [0] * n  # per message: how often its child's task process died and it was sent again
     start = time.monotonic()
     deadline = None if timeout is None else start + timeout
     next_look = start + RELOCATE_EVERY
@@ -88,6 +94,12 @@ def exchange(grid: Grid, messages: Sequence[Message], timeout: float | None,
             if relocate is not None and reply.has_error() and reply.error.code == ErrorCode.NODE_UNAVAILABLE:
                 gone[i] = (reply, time.monotonic())
                 current[i] = None
+            elif reply.has_error() and reply.error.code == ErrorCode.CLIENT_APP_CRASHED and crashes[i] < CRASH_RETRIES:
+                # The process running the child's task died (its runner, or Flower's per-message ClientApp,
+                # killed); the child is still there and answers a message it sees again as the first time.
+                crashes[i] += 1
+                log.info("node %s: its ClientApp stopped (%s); sending its message again", dst[i], reply.error.reason)
+                (current[i],) = grid.push_messages([again(messages[i], dst[i])])
             else:
                 replies[i] = reply
         now = time.monotonic()
