@@ -223,6 +223,17 @@ def main(argv: list[str] | None = None) -> None:
     private_umask()  # what its tasks write (device state, mailboxes) is the owner's alone
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import faulthandler
+    import signal
+
+    faulthandler.enable()  # a crash in native code leaves its stack in the runner's log
+
+    def stopped(signum: int, _frame: object) -> None:  # a runner ended by a signal says so in its log
+        log.warning("runner: stopped by signal %s", signal.Signals(signum).name)
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stopped)
     if not runner_supported():
         import flwr
 
