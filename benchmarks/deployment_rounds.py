@@ -90,7 +90,7 @@ def measure(topology: list[str], team_rounds: int, global_rounds: int, root: Pat
         dep.stop()
     (run_dir,) = (root / f"{name}-out").iterdir()
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    sim_dir = root / f"K{team_rounds}-sim"
+    sim_dir = root / f"{name}-sim"
     run(compose_config(" ".join([*overrides, "runtime=inprocess"]), 0), sim_dir)
     diff = max(float(np.abs(a - b).max()) for a, b in zip(global_model(run_dir), global_model(sim_dir), strict=True))
     sim_last = json.loads((sim_dir / "metrics.jsonl").read_text().splitlines()[-1])

@@ -237,11 +237,11 @@ def check_privacy(cfg: Mapping) -> None:
         if noise == 0:
             raise ConfigError("privacy.target_epsilon", "a budget needs noise: privacy.noise_multiplier is 0, so "
                                                         "epsilon is infinite after one round")
-    if (cfg.get("clock") or {}).get("enabled"):
+    if cfg["clock"]["enabled"]:
         raise ConfigError("clock.enabled", "privacy: the accountant assumes each round samples children uniformly "
                                            "at random; the clock picks them by speed (use clock.enabled=false)")
     alg = cfg["algorithm"]
-    candidates = alg.get("candidates", 0)
+    candidates = alg["candidates"]
     if any(float(c) > 0 for c in (candidates if isinstance(candidates, list | tuple) else [candidates])):
         raise ConfigError("algorithm.candidates", "privacy: power-of-choice picks children by their loss, not at "
                                                   "random, so the accountant's sampling rate does not hold")
