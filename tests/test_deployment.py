@@ -94,7 +94,7 @@ def assert_same_run(deploy_dir: Path, sim_dir: Path) -> None:
         assert dep[key] == (None if sim[key] is None else pytest.approx(sim[key], abs=1e-9)), key
 
 
-@pytest.mark.parametrize("per_message", [False, True], ids=["runner", "per-message"])
+@pytest.mark.parametrize("per_message", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["runner", "per-message"])
 def test_two_global_rounds_over_tls_and_supernode_auth_match_in_process(tmp_path: Path, per_message: bool) -> None:
     """2 level-1 node hosts x 2 devices, every SuperLink serving TLS and admitting only registered
     SuperNodes (the bridges' keys registered with the root's SuperLink, the devices' with their
