@@ -209,17 +209,10 @@ BUFFERED_BHFL = ["clock.enabled=true", "clock.speed.distribution=lognormal", "cl
 
 
 def test_a_buffered_run_killed_mid_round_resumes_as_never_killed(tmp_path, monkeypatch):
-    from tests.test_resume import BHFL, Killed, _killed_at, assert_same_run
+    from tests.test_resume import BHFL, assert_resumed_equals_whole
 
-    cfg = compose_cfg(*BHFL, *BUFFERED_BHFL, "runtime=inprocess")
-    run(cfg, tmp_path / "whole")
+    assert_resumed_equals_whole(compose_cfg(*BHFL, *BUFFERED_BHFL, "runtime=inprocess"), tmp_path, monkeypatch, "fit", 5)
     assert sum(r["stale_level1"] + r["stale_level3"] for r in rows(tmp_path / "whole")) > 0  # carried replies merged
-    with monkeypatch.context() as patch:
-        _killed_at(patch, "fit", 5)
-        with pytest.raises(Killed):
-            run(cfg, tmp_path / "resumed")
-    run({**cfg, "resume": True}, tmp_path / "resumed")
-    assert_same_run(tmp_path / "resumed", tmp_path / "whole")
 
 
 @pytest.mark.slow

@@ -298,18 +298,9 @@ def test_a_natural_tree_trains_end_to_end(saved, tmp_path, algorithm):
 
 
 def test_a_natural_tree_resumed_equals_the_uninterrupted_run(saved, tmp_path, monkeypatch):
-    from tests.test_resume import Killed, _killed_at, assert_same_run
-    from hfl.state.resume import read_checkpoint
+    from tests.test_resume import assert_resumed_equals_whole
 
-    cfg = natural(saved, *FAST, "global_rounds=3")
-    run(cfg, tmp_path / "whole")
-    with monkeypatch.context() as patch:
-        _killed_at(patch, "fit", 2)
-        with pytest.raises(Killed):
-            run(cfg, tmp_path / "resumed")
-    assert read_checkpoint(tmp_path / "resumed").round == 1
-    run({**cfg, "resume": True}, tmp_path / "resumed")
-    assert_same_run(tmp_path / "resumed", tmp_path / "whole")
+    assert_resumed_equals_whole(natural(saved, *FAST, "global_rounds=3"), tmp_path, monkeypatch, "fit", 2)
 
 
 # ---------------------------------------------------------------- text columns

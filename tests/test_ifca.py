@@ -21,7 +21,7 @@ from hfl.rules.payload import Payload, pack
 from hfl.runtime.simulate import run
 from strategies.ifca import IfcaServer, cluster_means, entries
 from tests.conftest import SMALL, compose_cfg, rule_context
-from tests.test_resume import Killed, _killed_at, assert_same_run
+from tests.test_resume import assert_resumed_equals_whole
 
 ALG = {"num_clusters": 3, "weighted": True, "alpha": 0.1, "local_steps": 1}
 
@@ -169,13 +169,7 @@ def test_flat_and_tree_runs_give_the_same_models(tmp_path):
 
 def test_a_killed_ifca_run_resumes_to_the_uninterrupted_one(tmp_path, monkeypatch):
     cfg = compose_cfg(*SMALL, "algorithm=ifca", "runtime=inprocess", "global_rounds=4", "eval_every=2")
-    run(cfg, tmp_path / "whole")
-    with monkeypatch.context() as patch:
-        _killed_at(patch, "fit", 3)
-        with pytest.raises(Killed):
-            run(cfg, tmp_path / "resumed")
-    run({**cfg, "resume": True}, tmp_path / "resumed")
-    assert_same_run(tmp_path / "resumed", tmp_path / "whole")
+    assert_resumed_equals_whole(cfg, tmp_path, monkeypatch, "fit", 3)
 
 
 # ---------------------------------------------------------------- config

@@ -22,9 +22,8 @@ from hfl.rules import privacy as dp
 from hfl.rules.payload import Payload
 from hfl.runtime.simulate import run
 from hfl.seed import derive_seed
-from hfl.state.resume import read_checkpoint
 from tests.conftest import SMALL, compose_cfg
-from tests.test_resume import Killed, _killed_at, assert_same_run, global_model, rows
+from tests.test_resume import assert_resumed_equals_whole, global_model, rows
 
 REF = [np.zeros((2,), dtype=np.float32), np.zeros((1,), dtype=np.float32)]
 
@@ -205,14 +204,7 @@ def test_dp_on_ray_equals_in_process_and_changes_the_model(tmp_path, level):
 def test_a_resumed_run_with_adaptive_clipping_equals_the_uninterrupted_one(tmp_path, monkeypatch):
     cfg = compose_cfg(*DP_RUN, "global_rounds=5", "eval_every=2", "privacy.level=lowest", "privacy.adaptive=true",
                       "privacy.count_stddev=1.0", "runtime=inprocess")
-    run(cfg, tmp_path / "whole")
-    with monkeypatch.context() as patch:
-        _killed_at(patch, "fit", 3)
-        with pytest.raises(Killed):
-            run(cfg, tmp_path / "resumed")
-    assert read_checkpoint(tmp_path / "resumed").round == 2
-    run({**cfg, "resume": True}, tmp_path / "resumed")
-    assert_same_run(tmp_path / "resumed", tmp_path / "whole")
+    assert_resumed_equals_whole(cfg, tmp_path, monkeypatch, "fit", 3)
     clips = {key for key in (tmp_path / "whole" / "state").glob("node-0*.npz")}
     assert clips  # the lowest servers' stored C went through the resumption (compared above, key by key)
 

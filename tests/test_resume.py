@@ -167,7 +167,14 @@ def _killed_at(monkeypatch: pytest.MonkeyPatch, where: str, rnd: int) -> None:
     (POWER_OF_CHOICE, "fit", 3),
 ], ids=["permfl-mid-round", "permfl-before-checkpoint", "bhfl-proxy", "femam", "pflego", "power-of-choice"])
 def test_resumed_inprocess_run_equals_the_uninterrupted_one(tmp_path, monkeypatch, overrides, where, rnd):
-    cfg = compose_cfg(*overrides, "runtime=inprocess")
+    assert_resumed_equals_whole(compose_cfg(*overrides, "runtime=inprocess"), tmp_path, monkeypatch, where, rnd)
+
+
+def assert_resumed_equals_whole(cfg: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str,
+                                rnd: int) -> None:
+    """``cfg`` run whole, and run again killed at ``where`` of global round ``rnd`` (its checkpoint
+    then the round before) and resumed: the resumed run ends as the whole one (tmp_path/whole,
+    tmp_path/resumed)."""
     run(cfg, tmp_path / "whole")
     with monkeypatch.context() as patch:
         _killed_at(patch, where, rnd)
