@@ -34,8 +34,8 @@ log = logging.getLogger("hfl")
 SUPPORTED = ("1.42.",)
 HOST_PROJECT = Path(__file__).resolve().parents[2]  # this host's hfl project (its hfl/, strategies/, conf/ ...)
 BUNDLE_ONLY = ("pyproject.toml", "README.md")  # the app's metadata: Flower rewrites it into the bundle
-POLL, MAX_POLL = 0.01, 0.1
-TASK_RETRY_SECONDS = 30.0  # how long one call of a task waits for its SuperNode (started again, busy) before giving the task up  # seconds between asks for a task: 10 ms after one, growing to 0.1 s idle
+POLL, MAX_POLL = 0.01, 0.1  # seconds between asks for a task: 10 ms after one, growing to 0.1 s idle
+TASK_RETRY_SECONDS = 30.0  # how long one call of a task waits for its SuperNode (started again, busy) before giving the task up
 
 
 def bundle_differs(bundle: Path, host: Path) -> str | None:
@@ -66,6 +66,18 @@ def task_retries(max_time: float = TASK_RETRY_SECONDS) -> Any:
     return RetryInvoker(wait_gen_factory=lambda: exponential(base_delay=0.05, max_delay=1.0),
                         recoverable_exceptions=(httpx.TransportError, httpx.HTTPStatusError),
                         max_tries=None, max_time=max_time, should_giveup=give_up)
+
+
+def runtime_client(address: str, component: str, retry_seconds: float, token: str | None = None) -> Any:
+    """A client of the SuperNode's runtime API on loopback, as ``component`` (Flower's version check),
+    with the task's ``token`` where it acts for one task."""
+    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    interceptors = [RuntimeVersionHttpInterceptor(component_name=component)]
+    interceptors += [RuntimeTokenHttpInterceptor(token)] if token is not None else []
+    return RuntimeHttpClient.from_server_address(server_address=address, insecure=True, root_certificates=None,
+                                                 interceptors=interceptors, retry_invoker=task_retries(retry_seconds))
 
 
 def task_heartbeat(client: Any) -> Any:
@@ -104,14 +116,8 @@ class Runner:
     """Takes the tasks of the SuperNode whose runtime API listens on ``address`` and runs them here."""
 
     def __init__(self, address: str) -> None:
-        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
-        from flwr.supercore.runtime import RuntimeHttpClient
-
         self.address = address
-        self.client = RuntimeHttpClient.from_server_address(
-            server_address=address, insecure=True, root_certificates=None,
-            interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
-            retry_invoker=task_retries(max_time=MAX_POLL))
+        self.client = runtime_client(address, "SuperExec", MAX_POLL)
         self.apps: dict[str, Any] = {}  # bundle hash -> its loaded ClientApp
         self.tasks = 0
 
@@ -149,15 +155,9 @@ class Runner:
         from flwr.clientapp.client_app import LoadClientAppError
         from flwr.common.constant import ErrorCode, SubStatus
         from flwr.supercore.heartbeat import HeartbeatSender
-        from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
-        from flwr.supercore.runtime import RuntimeHttpClient
         from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
-        client = RuntimeHttpClient.from_server_address(
-            server_address=self.address, insecure=True, root_certificates=None,
-            interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
-                          RuntimeTokenHttpInterceptor(token)],
-            retry_invoker=task_retries())
+        client = runtime_client(self.address, "flwr-clientapp", TASK_RETRY_SECONDS, token)
         heartbeat = HeartbeatSender(task_heartbeat(client))
         heartbeat.start()
         message = reply = context = None
