@@ -132,6 +132,8 @@ class InFlight:
     result: Any  # a FitRes, or the exception the child failed with
     sent: list[np.ndarray] | None = None  # the model it was sent (a stale reply is merged as a delta)
     proxy: Any = None
+    key: str = ""  # in real time (hfl.clock.realtime): the call's name while its reply is awaited
+    ins: Any = None  # in real time: the FitIns, sent again if the node was started again meanwhile
 
 
 @dataclass

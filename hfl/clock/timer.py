@@ -78,7 +78,7 @@ class NodeTimer:
         cids = getattr(children, "cids", None) or [c.cid for c in children]
         busy = self.busy()
         index = [i for i, cid in enumerate(cids) if cid not in busy]
-        if self.lowest and self.clock.online < 1 and index:
+        if self.lowest and self.clock is not None and self.clock.online < 1 and index:
             online = self.clock.online_at([int(cids[i]) for i in index], self.time)
             index = [i for i, on in zip(index, online.tolist(), strict=True) if on]
         return index
@@ -89,7 +89,8 @@ class NodeTimer:
         hfl.tree.sampling.sample_children, and the same sample where every child can be asked."""
         index = self.candidates(children)
         waited = 0
-        while not index and not self.inflight and self.lowest and self.clock.online < 1 and len(children):
+        while (not index and not self.inflight and self.lowest and self.clock is not None and self.clock.online < 1
+               and len(children)):
             # none of its devices is online: the node waits for the next period's draw
             if waited == MAX_WAIT_PERIODS:
                 raise RuntimeError(f"node {self.path}: none of its {len(children)} devices came online in "
@@ -100,11 +101,24 @@ class NodeTimer:
         k = min(len(index), wanted - len(self.inflight) if self.policy.kind == "buffered" else wanted)
         if k <= 0:
             if self.inflight:  # every child it could ask is busy: the node waits for the next reply to come
-                self.time = max(self.time, min(entry.arrival for entry in self.inflight))
+                self.wait_for_reply()
             return []
         return [children[i] for i in seeded_subset(index, k, self.seed, "sample", self.path, round_path)]
 
+    def wait_for_reply(self) -> None:
+        """Every child the node could ask is busy: its time moves to the next arrival."""
+        self.time = max(self.time, min(entry.arrival for entry in self.inflight))
+
     # ------------------------------------------------------------------ a round's messages
+    def exchange(self, calls: list[tuple[ClientProxy, FitIns]], fit_many: Callable,
+                 reference: Callable[[], Sequence[np.ndarray]]) -> tuple[list, Closed, RoundTiming]:
+        """A round's calls made (``fit_many``) and closed: the replies that came (whose subtree
+        counters count now), what the round merges, its timing. ``reference``: what a stale reply
+        is merged against (the strategy's model as it sent it this round)."""
+        outcomes = fit_many(calls)
+        closed, timing = self.close(calls, outcomes, reference())
+        return outcomes, closed, timing
+
     def send(self, calls: list[tuple[ClientProxy, FitIns]]) -> list[tuple[ClientProxy, FitIns]]:
         """The calls as made at the node's time: each carries it; a device that would go offline
         before its work is done is called through a proxy that fails (its state left as it was)."""
@@ -138,11 +152,16 @@ class NodeTimer:
               current: Sequence[np.ndarray]) -> tuple[Closed, RoundTiming]:
         """The round's close: the new replies join those in flight, the policy takes its pick,
         and the merged replies are made ready for the rule (stale ones as weighted deltas)."""
-        start = self.time
         for (proxy, ins), result in zip(calls, outcomes, strict=True):
             self.inflight.append(InFlight(proxy.cid, self.arrival(proxy, result), self.version, result,
                                           decode(ins.parameters), proxy))
-        closed, self.inflight = close_round(self.policy, start, self.inflight, self.version)
+        return self.settle(close_round(self.policy, self.time, self.inflight, self.version), current)
+
+    def settle(self, outcome: tuple[Closed, list[InFlight]], current: Sequence[np.ndarray]) -> tuple[Closed, RoundTiming]:
+        """A closed round (``close_round``'s outcome) made ready for the rule: empty replies taken
+        out, stale ones turned into weighted deltas against ``current``; the node's time and
+        model version moved on."""
+        closed, self.inflight = outcome
         # An empty reply (its subtree merged nothing) is taken out of the merge: nothing to weigh
         empty = [entry for entry in closed.merged if is_empty(entry.result)]
         closed.merged = [entry for entry in closed.merged if not is_empty(entry.result)]

@@ -63,12 +63,10 @@ class ChildFailed(RuntimeError):
 CRASH_RETRIES = 2  # a message is sent again this often to a child whose task process died
 
 
-def exchange(grid: Grid, messages: Sequence[Message], timeout: float | None,
-             interval: float = INTERVAL, relocate: Relocate | None = None,
-             rejoin_seconds: float = 60.0) -> list[Message | ChildFailed]:
-    """Push ``messages`` together, pull their replies (``interval`` after the push, then less and
-    less often, hfl.deploy.grid.MAX_INTERVAL at most) until all are in or ``timeout`` passes; per
-    message, in order, its reply or the failure.
+class Exchange:
+    """Messages in flight to a node's children, pushed as they come (``add``) and their replies
+    looked for (``poll``, one pull): how ``exchange`` waits for a batch, and how a node's
+    real-time policies (hfl.clock.realtime) keep replies in flight across rounds.
 
     With ``relocate`` (hfl.deploy.children.Children.relocate), a message whose child came back
     as a new Flower node (its process killed and started again) is pushed again to that node:
@@ -77,61 +75,106 @@ def exchange(grid: Grid, messages: Sequence[Message], timeout: float | None,
     (Flower's "ClientApp stopped responding") is sent the message again, ``CRASH_RETRIES`` times
     at most. Children answer a message they see again as they did the first time
     (hfl.deploy.device, hfl.deploy.bridge)."""
-    n = len(messages)
-    dst = [m.metadata.dst_node_id for m in messages]
-    current: list[str | None] = [mid or None for mid in grid.push_messages(messages)]
-    replies: dict[int, Message] = {}
-    gone: dict[int, tuple[Message, float]] = {}  # message index -> Flower's "node unavailable", since when
-    crashes = [0] * n  # per message: how often its child's task process died and it was sent again
-    start = time.monotonic()
-    deadline = None if timeout is None else start + timeout
-    next_look = start + RELOCATE_EVERY
-    wait = interval
-    while True:
-        inflight = {mid: i for i, mid in enumerate(current) if mid is not None and i not in replies}
-        for reply in grid.pull_messages(list(inflight)) if inflight else ():
+
+    def __init__(self, grid: Grid, relocate: Relocate | None = None, rejoin_seconds: float = 60.0) -> None:
+        self.grid, self.relocate, self.rejoin_seconds = grid, relocate, rejoin_seconds
+        self.messages: list[Message] = []
+        self.dst: list[int] = []
+        self.current: list[str | None] = []  # per message, the id of its newest push (None: its node is gone)
+        self.crashes: list[int] = []  # per message: how often its child's task process died and it was resent
+        self.gone: dict[int, tuple[Message, float]] = {}  # message index -> Flower's "node unavailable", since when
+        self.open: set[int] = set()  # messages whose reply is still awaited
+        self.moved = False  # the last poll sent a message again to a child that came back
+        self.next_look = time.monotonic() + RELOCATE_EVERY
+
+    def add(self, messages: Sequence[Message]) -> list[int]:
+        """Push ``messages`` together; their indices (what ``poll`` and ``drop`` name them by)."""
+        first = len(self.messages)
+        self.messages.extend(messages)
+        self.dst.extend(m.metadata.dst_node_id for m in messages)
+        self.current.extend(mid or None for mid in self.grid.push_messages(messages))
+        self.crashes.extend(0 for _ in messages)
+        indices = list(range(first, len(self.messages)))
+        self.open.update(indices)
+        return indices
+
+    def drop(self, i: int) -> None:
+        """No longer wait for message ``i``'s reply (a reply the node's policy dropped as late)."""
+        self.open.discard(i)
+        self.gone.pop(i, None)
+
+    def poll(self) -> dict[int, Message]:
+        """One pull: the replies that came (an error reply included: a failure), a child gone for
+        longer than ``rejoin_seconds`` answered with Flower's "node unavailable"."""
+        final: dict[int, Message] = {}
+        self.moved = False
+        inflight = {self.current[i]: i for i in self.open if self.current[i] is not None}
+        for reply in self.grid.pull_messages(list(inflight)) if inflight else ():
             i = inflight[reply.metadata.reply_to_message_id]
-            if relocate is not None and reply.has_error() and reply.error.code == ErrorCode.NODE_UNAVAILABLE:
-                gone[i] = (reply, time.monotonic())
-                current[i] = None
-            elif reply.has_error() and reply.error.code == ErrorCode.CLIENT_APP_CRASHED and crashes[i] < CRASH_RETRIES:
+            if self.relocate is not None and reply.has_error() and reply.error.code == ErrorCode.NODE_UNAVAILABLE:
+                self.gone[i] = (reply, time.monotonic())
+                self.current[i] = None
+            elif (reply.has_error() and reply.error.code == ErrorCode.CLIENT_APP_CRASHED
+                  and self.crashes[i] < CRASH_RETRIES):
                 # The process running the child's task died (its runner, or Flower's per-message ClientApp,
                 # killed); the child is still there and answers a message it sees again as the first time.
-                crashes[i] += 1
-                log.info("node %s: its ClientApp stopped (%s); sending its message again", dst[i], reply.error.reason)
-                (current[i],) = grid.push_messages([again(messages[i], dst[i])])
+                self.crashes[i] += 1
+                log.info("node %s: its ClientApp stopped (%s); sending its message again", self.dst[i],
+                         reply.error.reason)
+                (self.current[i],) = self.grid.push_messages([again(self.messages[i], self.dst[i])])
             else:
-                replies[i] = reply
+                final[i] = reply
         now = time.monotonic()
-        if relocate is not None and (gone or now >= next_look) and len(replies) < n:
-            waiting = [i for i in range(n) if i not in replies]
-            moved = relocate([dst[i] for i in waiting])
+        waiting = sorted(self.open - set(final))
+        if self.relocate is not None and (self.gone or now >= self.next_look) and waiting:
+            moved = self.relocate([self.dst[i] for i in waiting])
             for i in waiting:
-                if dst[i] in moved:
-                    log.info("node %s is back as node %s: sending its message again", dst[i], moved[dst[i]])
-                    dst[i] = moved[dst[i]]
-                    (current[i],) = grid.push_messages([again(messages[i], dst[i])])
-                    gone.pop(i, None)
-                    wait = interval
-            next_look = now + RELOCATE_EVERY
-        for i, (reply, since) in list(gone.items()):
-            if now - since > rejoin_seconds:
-                replies[i] = reply
-                del gone[i]
-        if len(replies) == n or (deadline is not None and now > deadline):
-            break
-        time.sleep(wait if not gone else min(wait, 1.0))
-        wait = min(wait * 1.5, max(interval, MAX_INTERVAL))
-    out: list[Message | ChildFailed] = []
-    for i, msg in enumerate(messages):
-        reply = replies.get(i) or (gone[i][0] if i in gone else None)
+                if self.dst[i] in moved:
+                    log.info("node %s is back as node %s: sending its message again", self.dst[i], moved[self.dst[i]])
+                    self.dst[i] = moved[self.dst[i]]
+                    (self.current[i],) = self.grid.push_messages([again(self.messages[i], self.dst[i])])
+                    self.gone.pop(i, None)
+                    self.moved = True
+            self.next_look = now + RELOCATE_EVERY
+        for i, (reply, since) in list(self.gone.items()):
+            if now - since > self.rejoin_seconds:
+                final[i] = reply
+                del self.gone[i]
+        self.open -= set(final)
+        return final
+
+    def failure(self, i: int, reply: Message | None, timeout: float | None) -> ChildFailed | None:
+        """Message ``i``'s outcome as a failure (no reply, or an error reply), else None."""
         if reply is None:
-            out.append(ChildFailed(f"node {dst[i]}: no reply within {timeout} s"))
-        elif reply.has_error():
-            out.append(ChildFailed(f"node {dst[i]}: {reply.error.reason}"))
-        else:
-            out.append(reply)
-    return out
+            reply = self.gone[i][0] if i in self.gone else None
+        if reply is None:
+            return ChildFailed(f"node {self.dst[i]}: no reply within {timeout} s")
+        if reply.has_error():
+            return ChildFailed(f"node {self.dst[i]}: {reply.error.reason}")
+        return None
+
+
+def exchange(grid: Grid, messages: Sequence[Message], timeout: float | None,
+             interval: float = INTERVAL, relocate: Relocate | None = None,
+             rejoin_seconds: float = 60.0) -> list[Message | ChildFailed]:
+    """Push ``messages`` together, pull their replies (``interval`` after the push, then less and
+    less often, hfl.deploy.grid.MAX_INTERVAL at most) until all are in or ``timeout`` passes; per
+    message, in order, its reply or the failure (a child that came back, or whose task process
+    died, is sent its message again: ``Exchange``)."""
+    flight = Exchange(grid, relocate, rejoin_seconds)
+    indices = flight.add(messages)
+    replies: dict[int, Message] = {}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    wait = interval
+    while True:
+        replies.update(flight.poll())
+        if flight.moved:
+            wait = interval
+        if len(replies) == len(indices) or (deadline is not None and time.monotonic() > deadline):
+            break
+        time.sleep(wait if not flight.gone else min(wait, 1.0))
+        wait = min(wait * 1.5, max(interval, MAX_INTERVAL))
+    return [flight.failure(i, replies.get(i), timeout) or replies[i] for i in indices]
 
 
 def again(message: Message, node_id: int) -> Message:

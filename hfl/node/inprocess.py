@@ -310,14 +310,15 @@ def run_fit_rounds(
         if timer is not None:
             calls = timer.send(calls)
         report.bytes_down += sum(payload_nbytes(ins.parameters) for _, ins in calls)
-        outcomes = fit_many(calls)
-        if timer is not None:
+        if timer is None:
+            outcomes = fit_many(calls)
+        else:
+            arrived, closed, timing = timer.exchange(calls, fit_many, strategy.merge_reference)
             # A subtree's counters (its failures first) count when it computed them, whether its reply is
             # merged now, in a later round or never (dropped as late): as the root counts them.
-            for res in outcomes:
+            for res in arrived:
                 if isinstance(res, FitRes) and res.status.code == Code.OK:
                     report.add_child_counters(res.metrics, res.num_examples)
-            closed, timing = timer.close(calls, outcomes, strategy.merge_reference())
             report.add_timing(timing)
             by_cid = {proxy.cid: proxy for proxy, _ in calls}
             outcomes = [entry.result for entry in closed.merged + closed.failed]
