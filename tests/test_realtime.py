@@ -176,3 +176,26 @@ def test_grid_flights_give_replies_as_they_come_fail_the_absent_at_once_and_the_
     flights.push("d", GridProxy("000002", 12, grid, timeout=60.0), ins)
     flights.drop("d")  # a reply the policy dropped as late is no longer looked for
     assert not flights.awaiting("d") and flights.poll() == {}
+    from hfl.node.root import PathProxy
+
+    flights.push("e", PathProxy("1", GridProxy("000002", 12, grid, timeout=60.0)), ins)  # the root's children
+    assert flights.poll() == {} and flights.awaiting("e")  # pushed, not called (12 is down: no reply yet)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("clock.availability.online=0.5", "clock.availability.online"),
+    ("clock.shift.kind=labels", "clock.shift.kind"),
+    ("algorithm.background_every=5", "algorithm.background_every"),
+])
+def test_a_deployment_refuses_what_only_simulated_time_models(override: str, key: str) -> None:
+    from conftest import compose_cfg
+
+    from hfl.errors import ConfigError
+    from hfl.runtime.build import check_tree, federation_for
+
+    base = ["runtime=deployment", "clock.enabled=true", "algorithm=bhfl", "clock.policy=buffered"]
+    cfg = compose_cfg(*base)
+    check_tree(cfg, federation_for(cfg).tree)  # the policies themselves run there
+    cfg = compose_cfg(*base, override)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        check_tree(cfg, federation_for(cfg).tree)

@@ -21,8 +21,7 @@ def check_clock(cfg: Mapping, depth: int, server: type, fed: Any) -> None:
                                                             "set clock.enabled=true")
         return
     if cfg["runtime"].get("name") == "deployment":
-        raise ConfigError("clock.enabled", "simulated time is for runtime=simulation and runtime=inprocess; "
-                                           "a deployment runs in real time")
+        check_real_time(cfg)
     Clock.from_config(clock, int(cfg["seed"]))
     shift = run_shift(cfg)
     if shift is not None and shift.kind == "rotate" and len(fed.input_shape) != 3:
@@ -50,3 +49,20 @@ def check_clock(cfg: Mapping, depth: int, server: type, fed: Any) -> None:
             if len(value) != depth:
                 raise ConfigError(f"clock.{key}", f"has {len(value)} entries; this tree of depth {depth} needs "
                                                   f"{depth} (levels 0..{depth - 1}, root first)")
+
+
+def check_real_time(cfg: Mapping) -> None:
+    """A deployment's clock is the wall clock (hfl.clock.realtime): its nodes' policies run on real
+    arrivals; what only simulated time models (devices coming and going, drifting data, devices'
+    own sessions) is refused naming its key. The speeds and links are the real ones: the
+    settings that model them are not read."""
+    clock = cfg["clock"]
+    refused = [("clock.availability.online", float(clock["availability"]["online"]) < 1, "real devices come and go"),
+               ("clock.shift.kind", str(clock["shift"]["kind"]) != "none", "real data drifts on its own"),
+               ("clock.trace", bool(clock["trace"]), "real devices have their own speeds"),
+               ("algorithm.background_every", float(cfg["algorithm"].get("background_every", 0.0) or 0.0) > 0,
+                "devices' own sessions run in simulated time")]
+    for key, set_, why in refused:
+        if set_:
+            raise ConfigError(key, f"a deployment runs on the wall clock ({why}): this setting is for "
+                                   "runtime=simulation and runtime=inprocess")

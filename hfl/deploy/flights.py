@@ -36,6 +36,8 @@ class GridFlights:
     def push(self, key: str, proxy: ClientProxy, ins: FitIns) -> None:
         if key in self.index:
             self.drop(key)
+        while not isinstance(proxy, GridProxy) and isinstance(getattr(proxy, "proxy", None), ClientProxy):
+            proxy = proxy.proxy  # a child named otherwise around its Grid proxy (the root's PathProxy)
         if not isinstance(proxy, GridProxy):
             try:
                 self.ready[key] = proxy.fit(ins, None, None)

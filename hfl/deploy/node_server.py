@@ -29,6 +29,7 @@ from flwr.app import Context
 from flwr.serverapp.grid import Grid
 
 from hfl.deploy.children import Children
+from hfl.deploy.flights import GridFlights
 from hfl.deploy.grid import evaluate_targets_together, evaluate_together, fit_together, tell_stop
 from hfl.deploy.mailbox import Letter, Mailbox
 from hfl.deploy.private import private_dir, private_umask
@@ -75,6 +76,8 @@ def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
     children = Children(grid, holds, devices=lowest, wait_seconds=float(runtime.get("device_wait_seconds", 60)),
                         timeout=timeout)
     store = StateStore(work / "state")
+    # clock.enabled: the level's policy on real arrivals; replies awaited across calls (hfl.clock.realtime)
+    flights = GridFlights(grid, children.relocate, children.rejoin_seconds)
     (work / "server.pid").write_text(str(os.getpid()))  # for the host's operator (and the restart test)
     stop = threading.Event()
     box.keep_beating(stop)
@@ -104,7 +107,8 @@ def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
                                    .split(".")[0]) - 1)
             box.answer(name, _handle(letter, lambda: node_client(
                 cfg, path, store, children.proxies(), holds,
-                fit_many=fit_together, evaluate_many=evaluate_together, evaluate_targets=evaluate_targets_together)))
+                fit_many=fit_together, evaluate_many=evaluate_together, evaluate_targets=evaluate_targets_together,
+                flights=flights)))
             log.info("node %s: answered %s", path, name)
     finally:
         stop.set()

@@ -19,6 +19,7 @@ from flwr.server.server import run_fl
 from flwr.serverapp.grid import Grid
 
 from hfl.deploy.children import Children, ChildrenManager
+from hfl.deploy.flights import GridFlights
 from hfl.deploy.grid import tell_stop
 
 log = logging.getLogger("hfl")
@@ -55,7 +56,9 @@ def serve_root(grid: Grid, context: Context, cfg: Mapping, out: Path) -> None:
                 finished_summary(cfg, out, start, tracker)
                 return
             started = tracking.begin(tracker, cfg, start.recorder["lines"] if start is not None else ())
-            run_fl(root_server(cfg, out, ChildrenManager(children), start, started),
+            # clock.enabled: the root's policy on its level-1 nodes' real arrivals (hfl.clock.realtime)
+            flights = GridFlights(grid, children.relocate, children.rejoin_seconds)
+            run_fl(root_server(cfg, out, ChildrenManager(children), start, started, flights=flights),
                    ServerConfig(num_rounds=rounds_left(cfg, start)))
     except Exception:
         log.exception("the root's run failed")

@@ -22,6 +22,7 @@ from flwr.server.client_manager import SimpleClientManager
 from hfl.algorithm import Nature, ServerRule, model_from_state, model_state
 from hfl.clock.model import Clock
 from hfl.clock.policy import LevelPolicy
+from hfl.clock.realtime import Flights, WallTimer
 from hfl.clock.timer import SIM_TIME, NodeTimer, without_clock
 from hfl.node.evaluation import DeviceScore, add_reports, evaluation_result, target_report
 from hfl.node.cohort import Cohort, Selection, without_cohort
@@ -116,6 +117,7 @@ class NodeClient(NumPyClient):
         evaluate_targets: EvaluateTargets | None = None,
         steps_of: Callable[[int], int] | None = None,
         at_time: Callable[[float], None] | None = None,
+        flights: Flights | None = None,
     ) -> None:
         self.spec = spec
         self.children = children
@@ -131,6 +133,7 @@ class NodeClient(NumPyClient):
         self.evaluate_targets = evaluate_targets
         self.steps_of = steps_of  # a device's minibatch steps per call: its work in simulated time (hfl.clock)
         self.at_time = at_time  # tells a lowest node's devices the simulated time (their data may drift: hfl.clock.shift)
+        self.flights = flights  # a deployment under clock.enabled: its policy on real arrivals (hfl.clock.realtime)
 
     def _evaluated_children(self, config: dict[str, Scalar]) -> tuple[SimpleClientManager, list[dict]]:
         """The children this evaluation asks (all, or a seeded ``spec.eval_fraction`` of them, by
@@ -157,8 +160,11 @@ class NodeClient(NumPyClient):
         # computes, the first entry of its round path (hfl.state.store: resuming rolls back to a round).
         self.store.round = int(round_path.split(".")[0])
         stored = self.store.load(spec.store_key)
-        timer = None
-        if spec.clock is not None:  # this call starts when the parent's message has arrived
+        timer: NodeTimer | None = None
+        if self.flights is not None:
+            timer = WallTimer(spec.policy, self.flights, level=spec.level, lowest=spec.lowest, path=spec.path,
+                              seed=spec.seed, stored=stored)
+        elif spec.clock is not None:  # this call starts when the parent's message has arrived
             arrived = float(config.get(SIM_TIME, 0.0)) + spec.clock.message_seconds(
                 spec.level - 1, sum(npy_nbytes(np.asarray(a)) for a in parameters))
             timer = NodeTimer(spec.clock, spec.policy, level=spec.level, lowest=spec.lowest, start=arrived,
@@ -222,7 +228,7 @@ class NodeClient(NumPyClient):
             arrays, meta = pack("parts", {"model": model, **extra})
         elif rule.reply_kind != "model":  # e.g. a gradient mean (strategies.pflego)
             arrays, meta = pack(rule.reply_kind, model)
-        if timer is not None:  # when the reply reaches the parent
+        if spec.clock is not None:  # when the reply reaches the parent
             metrics[SIM_TIME] = timer.time + spec.clock.message_seconds(
                 level - 1, sum(npy_nbytes(np.asarray(a)) for a in arrays))
         return arrays, report.num_examples, {**metrics, **meta}

@@ -34,6 +34,7 @@ from hfl.algorithm import ServerRule, model_state
 from hfl.clock.model import Clock
 from hfl.clock.policy import LevelPolicy
 from hfl.clock.timer import PREFIX as CLOCK_PREFIX
+from hfl.clock.realtime import Flights, WallTimer
 from hfl.clock.timer import SIM_TIME, NodeTimer
 from hfl.node.cohort import Cohort, Selection
 from hfl.node.inprocess import (ChildProxies, EvaluateCalls, FitMany, LazyClientManager, evaluate_together, fit_together,
@@ -100,10 +101,12 @@ class RootStrategy(Strategy):
         clock: Clock | None = None,
         policy: LevelPolicy | None = None,
         seed: int = 0,
+        flights: Flights | None = None,
     ) -> None:
         self.store = store
         self.make_rule = make_rule
         self.clock, self.policy, self.seed = clock, policy or LevelPolicy(), seed
+        self.flights = flights  # a deployment under clock.enabled: the root's policy on real arrivals
         self.node: NodeStrategy  # the round's strategy over the level-1 nodes, as every node's over its children
         self.timer: NodeTimer | None
         self.merges: dict[str, dict[str, int]]
@@ -133,6 +136,9 @@ class RootStrategy(Strategy):
         self.timer = None if self.clock is None else NodeTimer(
             self.clock, self.policy, level=0, lowest=False, path="", seed=self.seed, stored=stored, new_call=False,
             start=float(stored.get(f"{CLOCK_PREFIX}time", 0.0)) if stored else 0.0)
+        if self.flights is not None:
+            self.timer = WallTimer(self.policy, self.flights, level=0, lowest=False, path="", seed=self.seed,
+                                   stored=stored, new_call=False)
         # Per level (str), the rounds of its nodes that merged replies and those that merged nothing (hfl.clock)
         self.merges = json.loads(bytes(stored[MERGES]).decode()) if stored and MERGES in stored else {}
         self.node = NodeStrategy(rule, self.min_fit_fraction, order_key=LEVEL1_INDEX)
@@ -256,7 +262,7 @@ class RootStrategy(Strategy):
         arrays, meta = self.rule.evaluation_message(self.current)
         parameters = ndarrays_to_parameters(arrays)
         self.counts.add("bytes_down_global", payload_nbytes(parameters) * len(children))
-        timed = {} if self.timer is None else {SIM_TIME: self.timer.time}  # data may drift (hfl.clock.shift)
+        timed = {} if self.clock is None else {SIM_TIME: self.timer.time}  # data may drift (hfl.clock.shift)
         ins = EvaluateIns(parameters, {**meta, "global_round": server_round, **timed})
         return [(proxy, ins) for proxy in children]
 

@@ -21,6 +21,7 @@ from flwr.server.client_manager import ClientManager, SimpleClientManager
 
 from hfl.clock.model import run_clock
 from hfl.clock.policy import LevelPolicy
+from hfl.clock.realtime import Flights
 from hfl.accel.batched import use_runtime_threads
 from hfl.algorithm import NodeContext, RunSettings, ServerRule
 from hfl.config.typed import algorithm_params
@@ -46,10 +47,11 @@ def run_meta(cfg: Mapping) -> dict:
     return {"algorithm": cfg["algorithm"]["name"], "dataset": cfg["dataset"]["name"], "model": cfg["model"]["name"]}
 
 
-def build_global_strategy(cfg: Mapping, run_dir: str | Path) -> RootStrategy:
+def build_global_strategy(cfg: Mapping, run_dir: str | Path, flights: Flights | None = None) -> RootStrategy:
     """The root: the algorithm's server rule at level 0 as a Flower strategy, rebuilt from the
     state store at every global round (a resumed run's store is rolled back to its checkpoint's);
-    ``root_server`` drives it."""
+    ``root_server`` drives it. ``flights``: a deployed root's calls to its level-1 nodes, through
+    which, under ``clock.enabled``, its policy runs on real arrivals (hfl.clock.realtime)."""
     fed = federation_for(cfg)
     alg = cfg["algorithm"]
     server = load_server(alg)
@@ -76,22 +78,24 @@ def build_global_strategy(cfg: Mapping, run_dir: str | Path) -> RootStrategy:
         # eval_fraction: the root's share of the level-1 nodes; the intervals are drawn against every device
         evaluation=EvaluationDraw(eval_fraction(cfg, 0, fed.tree.depth), int(cfg["seed"]), fed.tree.num_devices)
         if evaluation_sampled(cfg) else None,
-        clock=run_clock(cfg),  # simulated time (hfl.clock)
+        clock=run_clock(cfg) if flights is None else None,  # simulated time (hfl.clock)
         policy=LevelPolicy.for_level(cfg["clock"], 0),
         seed=int(cfg["seed"]),
+        flights=flights if cfg["clock"]["enabled"] else None,
     )
     return strategy
 
 
 def root_server(cfg: Mapping, run_dir: str | Path, client_manager: ClientManager, start: Checkpoint | None = None,
                 tracker: tracking.Guarded | None = None,
-                fit_many: Callable[[int, float | None], FitMany] | None = None) -> RootServer:
+                fit_many: Callable[[int, float | None], FitMany] | None = None,
+                flights: Flights | None = None) -> RootServer:
     """The root's round loop over ``client_manager``'s level-1 nodes (hfl.node.root.RootServer),
     after ``start``'s rounds for a resumed run, observed by the run's recorder (outputs,
     checkpoints; ``tracker``: the run's started tracker, hfl.output.tracking, fed by it)."""
     restore = None if start is None else {**start.recorder, "round": start.round}
     recorder = Recorder(run_dir, run_meta(cfg), int(cfg["global_rounds"]), restore=restore, tracker=tracker)
-    return RootServer(client_manager=client_manager, strategy=build_global_strategy(cfg, run_dir),
+    return RootServer(client_manager=client_manager, strategy=build_global_strategy(cfg, run_dir, flights),
                       offset=start.round if start is not None else 0, fit_many=fit_many, observers=[recorder])
 
 

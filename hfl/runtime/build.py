@@ -17,6 +17,7 @@ from hfl.clock.checks import check_clock
 from hfl.clock.model import read_trace, run_clock
 from hfl.clock.shift import run_shift
 from hfl.clock.policy import LevelPolicy
+from hfl.clock.realtime import Flights
 from hfl.device.client import DeviceClient
 from hfl.accel.batched import BatchedFit, batching_pays, resolve_device
 from hfl.accel.batched_eval import BatchedEvaluate
@@ -329,10 +330,11 @@ def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | Simp
                 persist: Callable[[], None] = lambda: None, fit_many: FitMany = fit_one_by_one,
                 evaluate_many: EvaluateMany = evaluate_children,
                 evaluate_targets: EvaluateTargets | None = None,
-                at_time: Callable[[float], None] | None = None) -> NodeClient:
+                at_time: Callable[[float], None] | None = None, flights: Flights | None = None) -> NodeClient:
     """The engine's node at ``path`` over ``proxies`` (its children: in this process, or remote
     ones in a deployment, hfl.deploy.node_server; or a manager of them, e.g. a LazyClientManager),
-    ``holds`` naming the devices under each."""
+    ``holds`` naming the devices under each. ``flights``: a deployed node's calls to its children,
+    through which, under ``clock.enabled``, its level's policy runs on real arrivals."""
     fed = federation_for(cfg)
     tree = fed.tree
     alg = cfg["algorithm"]
@@ -343,7 +345,8 @@ def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | Simp
     def make_rule(payload: Payload, state: dict | None, round_path: str) -> ServerRule:
         return server(NodeContext(params, run, path, tree.depth, payload, state, fed, round_path=round_path))
 
-    clock = run_clock(cfg)
+    flights = flights if cfg["clock"]["enabled"] else None
+    clock = run_clock(cfg) if flights is None else None  # a deployment's clock is the wall clock
     spec = NodeSpec(path, params.rounds_at(level, tree.depth), level_selection(cfg, level, tree.is_lowest(path)),
                     int(cfg["seed"]), tree.is_lowest(path), device_sampling=params.sampling == "devices",
                     partial=partial_participation(cfg, tree.depth),
@@ -354,7 +357,7 @@ def node_client(cfg: Mapping, path: str, store: StateStore, proxies: list | Simp
     # What the algorithm is: its rule's class (hfl.algorithm)
     return NodeClient(spec, children, make_rule, store, server.nature(params, tree.depth, tree.is_lowest(path)),
                       persist=persist, holds=holds, fit_many=fit_many, evaluate_many=evaluate_many,
-                      evaluate_targets=evaluate_targets, at_time=at_time,
+                      evaluate_targets=evaluate_targets, at_time=at_time, flights=flights,
                       steps_of=device_steps(cfg, fed) if clock is not None and tree.is_lowest(path) else None)
 
 

@@ -1,0 +1,62 @@
+"""Asynchronous nodes in real time (hfl.clock.realtime), with real processes: the root's SuperLink,
+a host per level-1 node, a SuperNode per device, as in test_deployment. Behind the ``deployment``
+marker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from test_deployment import BASE, _wait_until, asked_round, deployed
+
+from hfl.deploy.loopback import Deployment
+
+pytestmark = pytest.mark.deployment
+
+DEADLINE = 40.0  # the root's, in seconds of wall time (round 1 starts the node servers: ~16 s)
+
+
+def asked(dep: Deployment, path: str, global_round: int) -> bool:
+    return any(asked_round(work, global_round) for work in (dep.root / f"node-{path}-work").glob("run-*"))
+
+
+def test_bhfl_with_a_deadline_root_and_buffered_nodes_leaves_a_cut_off_node_out_and_merges_it_stale(
+        tmp_path: Path) -> None:
+    """B-HFL, the root closing its rounds at a 40 s deadline (late replies merged in the round they
+    come in), the level-1 nodes buffered (their 2 devices kept busy, a round merged at each
+    arrival). Node 1's link to the root is cut once global round 2 has started, until round 3
+    starts: round 2 closes at its deadline with node 0 alone; round 3 does not ask node 1 (its
+    round-2 call is still awaited), whose reply comes then and is merged, stale; the buffered
+    nodes merge stale device replies; nothing fails."""
+    overrides = [*BASE, "algorithm=bhfl", "algorithm.alpha=0.05", "algorithm.team_rounds=2", "global_rounds=3",
+                 "eval_every=3", "clock.enabled=true", "clock.policy=[deadline,buffered]",
+                 f"clock.deadline={DEADLINE}", "clock.late=next", "clock.buffer=1", "clock.concurrency=[0,2]"]
+
+    def cut_for_round_two(dep: Deployment, out: Path):
+        cmd = dep.submit_command(out, *overrides, "runtime=deployment", "runtime.device_wait_seconds=30")
+        submit = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _wait_until(lambda: asked(dep, "0", 2) or submit.poll() is not None, 600)
+        dep.proxies["1"].cut()
+        cut.append(time.monotonic())
+        _wait_until(lambda: asked(dep, "0", 3) or submit.poll() is not None, 300)
+        cut.append(time.monotonic())
+        dep.proxies["1"].restore()
+        stdout, stderr = submit.communicate(timeout=600)
+        return subprocess.CompletedProcess(cmd, submit.returncode, stdout, stderr)
+
+    cut: list[float] = []
+    run_dir, dep = deployed(tmp_path, overrides, during=cut_for_round_two, setup=lambda d: d.fault_proxy("1"))
+    # Round 2 waited out its deadline: node 1 could not answer.
+    assert cut[1] - cut[0] >= DEADLINE - 5.0, cut
+    rows = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    asked_by_root = {row["round"]: row["asked"] for row in rows if row["node"] == "root" and "asked" in row}
+    assert asked_by_root == {"1": ["0", "1"], "2": ["0", "1"], "3": ["0"]}, asked_by_root
+    # Round 3 (the evaluated one: its line) merged node 1's round-2 reply, one merge stale, and the
+    # buffered level-1 nodes merged device replies sent before their previous merge.
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["round"] == 3 and last["stale_level1"] == 1 and last["stale_level2"] >= 1, last
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds"] == 3 and summary["failures"] == 0
