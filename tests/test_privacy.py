@@ -199,6 +199,11 @@ def test_dp_on_ray_equals_in_process_and_changes_the_model(tmp_path, level):
     epsilons = [line["dp_epsilon"] for line in metrics(tmp_path / "inprocess")]
     steps = 1 if level == "root" else 2  # team_rounds rounds a global round at the lowest servers and devices
     assert epsilons == [pytest.approx(dp.epsilon(0.8, 1.0, r * steps, 1e-5)) for r in (1, 2, 3)]
+    if level != "local":  # how many children's updates the DP nodes clipped, per round, under their level's name
+        key = "dp_clipped_level1" if level == "root" else "dp_clipped_level2"
+        clipped = [line.get(key, 0) for line in metrics(tmp_path / "inprocess")]
+        updates = 2 if level == "root" else 3 * 2 * 2  # level-1 nodes; or devices x team rounds x nodes
+        assert all(0 <= c <= updates for c in clipped) and sum(clipped) > 0, clipped
 
 
 def test_a_resumed_run_with_adaptive_clipping_equals_the_uninterrupted_one(tmp_path, monkeypatch):

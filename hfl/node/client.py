@@ -30,6 +30,7 @@ from hfl.node.inprocess import (EvaluateMany, FitMany, client_manager_of, evalua
                                 ordered_children, run_fit_rounds)
 from hfl.rules.payload import LocalParameters, Payload, decode, npy_nbytes, pack, unpack
 from hfl.tree.sampling import evaluation_sample, parse_devices
+from hfl.node.round_counters import clipped_updates
 from hfl.node.strategy import LEVEL1_INDEX, NodeStrategy
 from hfl.state.store import StateStore
 from hfl.tree.shape import level_of
@@ -201,8 +202,9 @@ class NodeClient(NumPyClient):
                                           (f"stale_level{level + 1}", report.stale),
                                           (f"merged_rounds_level{level}", report.merged_rounds),
                                           (f"empty_rounds_level{level}", report.empty_rounds)]
+        clipped = [(f"dp_clipped_level{level + 1}", n)] if (n := clipped_updates(report)) else []  # central DP
         for key, value in ((f"bytes_down_level{level}", report.bytes_down), (f"bytes_up_level{level}", report.bytes_up),
-                           (f"failures_level{level + 1}", report.failures), *timed):
+                           (f"failures_level{level + 1}", report.failures), *timed, *clipped):
             counters[key] = counters.get(key, 0) + value
         below = int(counters.get("device_failures", 0)) + report.failures
         metrics: dict[str, Scalar] = {

@@ -162,7 +162,7 @@ def client_manager_of(proxies: list[ClientProxy]) -> SimpleClientManager:
 # (what a loss-aware choice of children reads, hfl.node.cohort).
 SUBTREE_COUNTERS = ("bytes_down_level", "bytes_up_level", "failures_level", "device_failures", "rejected", "fit_test_",
                     "late_level", "stale_level", "merged_rounds_level", "empty_rounds_level",
-                    "bytes_down_team", "bytes_up_team", "compute_seconds", "train_loss_")
+                    "bytes_down_team", "bytes_up_team", "compute_seconds", "train_loss_", "dp_clipped_level")
 
 
 @dataclass

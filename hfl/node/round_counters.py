@@ -17,7 +17,12 @@ from hfl.node.inprocess import RoundsReport
 # the clock's counts per level); hfl.node.inprocess.SUBTREE_COUNTERS sums them up the tree.
 SUBTREE_NAMES = ("bytes_down_team", "bytes_up_team", "compute_seconds")
 SUBTREE_PREFIXES = ("bytes_down_level", "bytes_up_level", "failures_level", "late_level", "stale_level",
-                    "merged_rounds_level", "empty_rounds_level")
+                    "merged_rounds_level", "empty_rounds_level", "dp_clipped_level")
+
+
+def clipped_updates(report: RoundsReport) -> int:
+    """How many children's updates a node's central DP clipped in its rounds (hfl.node.privacy)."""
+    return sum(int(m.get("dp_clipped", 0)) for m in report.metrics)
 
 
 class RoundCounters:
@@ -64,6 +69,8 @@ class RoundCounters:
         rejected = int(report.metrics[-1].get("rejected", 0)) if report.merged_rounds else 0
         self.add("failures", report.failures + rejected)
         self.add("failures_level1", report.failures + rejected)
+        if clipped := clipped_updates(report):  # central DP at the root: its level-1 updates clipped
+            self.add("dp_clipped_level1", clipped)
         if timed:
             self.values["sim_time"] = report.sim_time
             self.add("late_level1", report.late)
