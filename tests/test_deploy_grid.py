@@ -217,3 +217,28 @@ def test_a_child_whose_task_process_died_is_sent_its_message_again(crashes, answ
     else:
         assert isinstance(first, ChildFailed) and "ClientApp stopped responding" in str(first)
         assert grid.pushed.count(11) == 2 + 2
+
+
+def test_a_child_flower_declared_gone_that_comes_back_as_the_same_node_is_sent_its_message_again(
+        quick_looks) -> None:  # noqa: ANN001
+    """A long cut: Flower answers "node unavailable" (missed heartbeats) and drops the node from
+    its list; the SuperNode reconnects under its old id. The message is pushed to it again and
+    answered, and later rounds reach it too (it is not taken for absent)."""
+
+    class Offline(MemoryGrid):
+        def get_node_ids(self):  # noqa: ANN201 - Flower lists online nodes only
+            return [n for n in self.clients if n not in self.dead]
+
+    grid = Offline({11: Doubler({"path": "0.0"})})
+    children = Children(grid, ["0.0"], devices=False, wait_seconds=0.2, timeout=None, interval=0.01,
+                        rejoin_seconds=30.0)
+    (proxy,) = children.proxies()
+    grid.dead.add(11)
+    ins = FitIns(ndarrays_to_parameters([np.ones(2, dtype=np.float32)]), {"round": "1"})
+    import threading
+
+    threading.Timer(0.3, grid.dead.discard, args=(11,)).start()  # back after 0.3 s, same node id
+    (ok,) = fit_together([(proxy, ins)])
+    assert ok.metrics == {"round": "1", "path": "0.0"} and grid.pushed.count(11) >= 2
+    (again,) = children.proxies()
+    assert isinstance(again, GridProxy) and again.node_id == 11

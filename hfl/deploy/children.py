@@ -74,6 +74,10 @@ class Children:
         for name, node in list(self.nodes.items()):
             if node not in online:
                 del self.nodes[name]
+        for node in sorted(online):  # a node Flower declared gone (missed heartbeats) that is back, same id
+            name = self.names.get(node)
+            if name is not None and name not in self.nodes:
+                self.nodes[name] = node
         new = sorted(online - set(self.names))
         if not new:
             return
@@ -94,8 +98,9 @@ class Children:
                 self.nodes[name] = node
 
     def relocate(self, node_ids: Sequence[int]) -> dict[int, int]:
-        """For nodes a message waits on: the newer node now answering for the same child, where
-        there is one (the old node's process died and was started again)."""
+        """For nodes a message waits on: the node now answering for the same child, where one is
+        connected (a newer one: the old node's process died and was started again; or the same one,
+        back after Flower declared it gone)."""
         try:
             self.refresh(timeout=30.0)
         except Exception as exc:  # noqa: BLE001 - the SuperLink is busy or restarting: look again later
@@ -105,7 +110,7 @@ class Children:
         for node in node_ids:
             name = self.names.get(node)
             newest = self.nodes.get(name) if name is not None else None
-            if newest is not None and newest != node:
+            if newest is not None:
                 moved[node] = newest
         return moved
 

@@ -53,7 +53,7 @@ MAX_INTERVAL = 0.25
 
 # Seconds between looks, while replies are awaited, for children that came back as new Flower nodes.
 RELOCATE_EVERY = 2.0
-Relocate = Callable[[Sequence[int]], dict[int, int]]  # node ids awaited -> the newer node of the same child
+Relocate = Callable[[Sequence[int]], dict[int, int]]  # node ids awaited -> the newest node of the same child
 
 
 class ChildFailed(RuntimeError):
@@ -112,7 +112,8 @@ class Exchange:
         for reply in self.grid.pull_messages(list(inflight)) if inflight else ():
             i = inflight[reply.metadata.reply_to_message_id]
             if self.relocate is not None and reply.has_error() and reply.error.code == ErrorCode.NODE_UNAVAILABLE:
-                self.gone[i] = (reply, time.monotonic())
+                # since when: kept while the message is sent again to a node that is back (same id or new)
+                self.gone[i] = (reply, self.gone[i][1] if i in self.gone else time.monotonic())
                 self.current[i] = None
             elif (reply.has_error() and reply.error.code == ErrorCode.CLIENT_APP_CRASHED
                   and self.crashes[i] < CRASH_RETRIES):
@@ -124,16 +125,21 @@ class Exchange:
                 (self.current[i],) = self.grid.push_messages([again(self.messages[i], self.dst[i])])
             else:
                 final[i] = reply
+                self.gone.pop(i, None)  # answered after all (sent again to its node, back)
         now = time.monotonic()
         waiting = sorted(self.open - set(final))
         if self.relocate is not None and (self.gone or now >= self.next_look) and waiting:
-            moved = self.relocate([self.dst[i] for i in waiting])
+            newest = self.relocate([self.dst[i] for i in waiting])
             for i in waiting:
-                if self.dst[i] in moved:
-                    log.info("node %s is back as node %s: sending its message again", self.dst[i], moved[self.dst[i]])
-                    self.dst[i] = moved[self.dst[i]]
+                node = newest.get(self.dst[i])
+                # A child started again (a new node), or back online after Flower declared it gone (its
+                # heartbeats missed through a long cut: the same node, the message answered "unavailable")
+                if node is not None and (node != self.dst[i] or self.current[i] is None):
+                    log.info("node %s is back as node %s: sending its message again", self.dst[i], node)
+                    if node != self.dst[i]:
+                        self.gone.pop(i, None)
+                    self.dst[i] = node
                     (self.current[i],) = self.grid.push_messages([again(self.messages[i], self.dst[i])])
-                    self.gone.pop(i, None)
                     self.moved = True
             self.next_look = now + RELOCATE_EVERY
         for i, (reply, since) in list(self.gone.items()):
