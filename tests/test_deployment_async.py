@@ -5,6 +5,8 @@ marker."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 from test_deployment import BASE, _wait_until, asked_round, deployed
 
 from hfl.deploy.loopback import Deployment
+from hfl.state.store import StateStore
 
 pytestmark = pytest.mark.deployment
 
@@ -62,3 +65,46 @@ def test_bhfl_with_a_deadline_root_and_buffered_nodes_leaves_a_cut_off_node_out_
     assert last["round"] == 3 and last["stale_level1"] == 1 and last["stale_level2"] >= 1, last
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds"] == 3 and summary["failures"] == 0
+
+
+def pending_calls(dep: Deployment, path: str) -> list[dict]:
+    """The calls node ``path``'s stored state still awaits (hfl.clock.realtime), newest version."""
+    for work in (dep.root / f"node-{path}-work").glob("run-*"):
+        try:
+            stored = StateStore(work / "state").load(f"node-{path}")
+        except Exception:  # noqa: BLE001 - being written: look again
+            return []
+        if stored and "clock_pending" in stored:
+            return json.loads(bytes(stored["clock_pending"]).decode() or "[]")
+    return []
+
+
+@pytest.mark.slow  # ~2 min: make test-deploy
+def test_a_node_server_killed_with_device_replies_in_flight_sends_their_calls_again_and_merges_them(
+        tmp_path: Path) -> None:
+    """FedAvg, the level-1 nodes buffered (buffer 1, both devices kept busy): a node's call ends
+    with one device's reply still awaited, stored with its state. SIGKILL node 0's node server then;
+    its bridge starts a new one at the next request, which sends that call again (the device
+    answers it as it did the first time) and merges the reply, stale: nothing fails, nothing is lost."""
+    overrides = [*BASE, "algorithm=hierfavg", "algorithm.team_rounds=2", "global_rounds=3", "eval_every=3",
+                 "clock.enabled=true", "clock.policy=[sync,buffered]", "clock.buffer=1", "clock.concurrency=[0,2]"]
+    killed: list[int] = []
+
+    def kill_with_calls_awaited(dep: Deployment, out: Path):
+        cmd = dep.submit_command(out, *overrides, "runtime=deployment", "runtime.device_wait_seconds=30")
+        submit = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _wait_until(lambda: pending_calls(dep, "0") or submit.poll() is not None, 600)
+        (pid_file,) = (dep.root / "node-0-work").glob("run-*/server.pid")
+        killed.append(int(pid_file.read_text()))
+        os.kill(killed[0], signal.SIGKILL)
+        stdout, stderr = submit.communicate(timeout=600)
+        return subprocess.CompletedProcess(cmd, submit.returncode, stdout, stderr)
+
+    run_dir, dep = deployed(tmp_path, overrides, during=kill_with_calls_awaited)
+    (work,) = (dep.root / "node-0-work").glob("run-*")
+    assert killed and int((work / "server.pid").read_text()) != killed[0]  # a second node server went on
+    assert "sending call 0|" in (work / "node.log").read_text()  # the awaited call, sent again
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds"] == 3 and summary["failures"] == 0
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["stale_level2"] >= 1

@@ -16,6 +16,7 @@ and a child answers a call it sees again as it did the first time.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,8 @@ from flwr.server.client_proxy import ClientProxy
 from hfl.clock.policy import Closed, InFlight, LevelPolicy, close_round
 from hfl.clock.timer import PREFIX, NodeTimer, RoundTiming
 from hfl.rules.payload import LocalParameters, decode
+
+log = logging.getLogger("hfl")
 
 FIRST_WAIT = 0.02  # seconds between looks for replies: the first, then 1.5 times longer each time...
 LONGEST_WAIT = 0.25  # ...up to this (hfl.deploy.grid waits so for a batch)
@@ -97,6 +100,8 @@ class WallTimer(NodeTimer):
                     entry.result, entry.arrival = RuntimeError(f"child {entry.cid} is no longer a child"), start
                     continue
                 entry.proxy = proxy
+                log.info("node %s: sending call %s again (awaited when the node stored its state)", self.path or "root",
+                         entry.key)
                 self.flights.push(entry.key, proxy, entry.ins)
         arrived: list = []
         wait = FIRST_WAIT
