@@ -175,6 +175,11 @@ STATEFUL = {
     "femam": ["algorithm=femam", "dataset=synthetic_multilevel", "dataset.clusters=[2]", "dataset.scales=[1.0,1.0,0.3]",
               "dataset.val_fraction=0.2", "model=mclr", "algorithm.levels=[1,2,0]", "algorithm.rounds_per_level=[1,1,1]",
               "algorithm.prune_window=2", "dataset.batch_size=32", "algorithm.local_epochs=1", "algorithm.alpha=0.05"],
+    # central DP at the lowest servers (seeded noise, adaptive clipping's C kept in their state); local DP on devices
+    "dp_lowest": ["algorithm=fedavg", "dataset.max_samples=200", "algorithm.team_rounds=2", "privacy.level=lowest",
+                  "privacy.clip=0.5", "privacy.adaptive=true", "privacy.count_stddev=1.0", "privacy.noise_multiplier=0.8"],
+    "dp_local": ["algorithm=fedavg", "dataset.max_samples=200", "algorithm.team_rounds=2", "privacy.level=local",
+                 "privacy.clip=0.5", "privacy.noise_multiplier=0.8"],
 }
 
 
@@ -189,6 +194,11 @@ def test_stateful_algorithms_match_in_process(tmp_path: Path, name: str) -> None
     sim_dir = simulated(tmp_path, overrides)
     assert_same_run(run_dir, sim_dir)
     assert_same_states(dep, run_dir, sim_dir)
+    if name.startswith("dp_"):  # the same noise, clipping and accounting as in process
+        sim, dep_line = final_line(sim_dir), final_line(run_dir)
+        assert dep_line["dp_epsilon"] == sim["dp_epsilon"] and 0 < sim["dp_epsilon"] < float("inf")
+        assert {k: v for k, v in dep_line.items() if k.startswith("dp_clipped")} == \
+            {k: v for k, v in sim.items() if k.startswith("dp_clipped")}
     if name == "power_of_choice":  # the same children chosen by the same losses, on every host as in process
         sim_rows, dep_rows = ((d / "samples.jsonl").read_text().splitlines() for d in (sim_dir, run_dir))
         assert dep_rows == sim_rows
