@@ -131,5 +131,18 @@ def record_config(context: Context, cfg: dict) -> Path:
     return out
 
 
-client_app = ClientApp(client_fn=_client_fn)
+def _secagg_mod(msg: Any, context: Context, call_next: Any) -> Any:
+    """Flower's ``secaggplus_mod`` for SecAgg+'s stage messages (a lowest node server's secure aggregation,
+    hfl.deploy.secagg); every other message (a bridge's, evaluation, a round without it) passes by untouched,
+    where the bare mod would fail on a train message lacking its config record."""
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+
+    if msg.metadata.message_type != "train" or RECORD_KEY_CONFIGS not in msg.content.config_records:
+        return call_next(msg, context)
+    from hfl.deploy.secagg import device_mod
+
+    return device_mod(msg, context, call_next)
+
+
+client_app = ClientApp(client_fn=_client_fn, mods=[_secagg_mod])
 server_app = _ServerApp()

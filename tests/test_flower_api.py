@@ -105,6 +105,23 @@ API = {
     # Flower's split of adaptive clipping's noise (hfl.rules.privacy): where 1.42 defines it, and 1.41
     "flwr.supercore.differential_privacy.compute_adaptive_noise_params": "private",
     "flwr.common.differential_privacy.compute_adaptive_noise_params": "private",
+    # Secure aggregation at the lowest servers (hfl.node.secagg, hfl.deploy.secagg): Flower's SecAgg+ workflow and
+    # mod, and the quantization arithmetic simulation repeats (checked bit for bit against them in test_secagg)
+    "flwr.server.workflow.SecAggPlusWorkflow": "legacy",
+    "flwr.server.compat.legacy_context.LegacyContext": "legacy",
+    "flwr.server.workflow.constant.MAIN_CONFIGS_RECORD": "legacy",
+    "flwr.server.workflow.constant.MAIN_PARAMS_RECORD": "legacy",
+    "flwr.server.workflow.constant.Key": "legacy",
+    "flwr.client.mod.secaggplus_mod": "current",
+    "flwr.app.ArrayRecord": "current",
+    "flwr.app.ConfigRecord": "current",
+    "flwr.common.secure_aggregation.secaggplus_constants.RECORD_KEY_CONFIGS": "private",
+    "flwr.common.secure_aggregation.secaggplus_constants.RECORD_KEY_STATE": "private",
+    "flwr.common.secure_aggregation.ndarrays_arithmetic.factor_combine": "private",
+    "flwr.common.secure_aggregation.ndarrays_arithmetic.factor_extract": "private",
+    "flwr.common.secure_aggregation.ndarrays_arithmetic.parameters_mod": "private",
+    "flwr.common.secure_aggregation.quantization.quantize": "private",
+    "flwr.common.secure_aggregation.quantization.dequantize": "private",
     "flwr_datasets.partitioner.IidPartitioner": "current",
     "flwr_datasets.partitioner.DirichletPartitioner": "current",
     "flwr_datasets.partitioner": "current",  # any of its partitioners, by name (hfl.data.huggingface)

@@ -392,7 +392,7 @@ class ClockConfig:
 @dataclass
 class PrivacyConfig:
     """conf/config.yaml's ``privacy``: differential privacy at one level of the tree (hfl.node.privacy,
-    docs/privacy.md; hfl.config.checks.check_privacy). Secure aggregation would be a section beside it."""
+    docs/privacy.md; hfl.config.checks.check_privacy), and secure aggregation at the lowest servers (secure_aggregation)."""
 
     level: Any = MISSING  # off | local | lowest | root | a node level, 0 (root) .. depth-1 (lowest servers)
     clip: Optional[float] = MISSING  # C, the norm each update is clipped to; null: none (noise needs one)
@@ -403,6 +403,14 @@ class PrivacyConfig:
     noise_multiplier: float = MISSING  # sigma: noise std = sigma x C / children
     delta: float = MISSING
     target_epsilon: Optional[float] = MISSING  # the budget: the run stops before a round would spend more
+    # secure aggregation at the lowest servers (hfl.node.secagg, hfl.deploy.secagg): SecAggPlusWorkflow's parameters
+    secure_aggregation: bool = MISSING
+    secagg_num_shares: Any = MISSING  # int: a count; float: a fraction of the round's devices
+    secagg_reconstruction_threshold: Any = MISSING  # int: a count; float: a fraction of the shares
+    secagg_clipping_range: float = MISSING
+    secagg_quantization_range: int = MISSING
+    secagg_modulus_range: int = MISSING
+    secagg_max_weight: float = MISSING
 
 
 # ---------------------------------------------------------------------------------- root

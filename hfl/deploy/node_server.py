@@ -84,6 +84,15 @@ def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
     watch_superlink(grid, stop, name=f"node {path}")  # gone, or its parent gone: nobody to serve, even mid-round
     idle_limit = float(runtime.get("team_run_timeout", 3600))
     last = time.monotonic()
+    fit_many = fit_together
+    if lowest:
+        from hfl.node.secagg import SecAggSettings
+
+        secagg = SecAggSettings.of(cfg)
+        if secagg is not None:  # Flower's SecAgg+ with the devices: this server sees only their sum
+            from hfl.deploy.secagg import secagg_fit_together
+
+            fit_many = secagg_fit_together(secagg, int(cfg["seed"]), path)
     log.info("node %s: serving requests from %s", path, work)
     try:
         while time.monotonic() - last < idle_limit:
@@ -107,7 +116,7 @@ def serve_node(grid: Grid, context: Context, cfg: Mapping) -> None:
                                    .split(".")[0]) - 1)
             box.answer(name, _handle(letter, lambda: node_client(
                 cfg, path, store, children.proxies(), holds,
-                fit_many=fit_together, evaluate_many=evaluate_together, evaluate_targets=evaluate_targets_together,
+                fit_many=fit_many, evaluate_many=evaluate_together, evaluate_targets=evaluate_targets_together,
                 flights=flights)))
             log.info("node %s: answered %s", path, name)
     finally:

@@ -30,6 +30,7 @@ from hfl.device.state import DEVICES_PREFIX, DeviceRuntime, has_state, pack_stat
 from hfl.errors import ConfigError
 from hfl.node.cohort import Selection
 from hfl.node.faults import dropout_fractions
+from hfl.node.secagg import SecAggSettings, check_secure_aggregation, secagg_fit_many
 from hfl.runtime.children import DeviceCids, DeviceHolds, SubtreeHolds
 from hfl.node.inprocess import (
     ChildProxies,
@@ -239,6 +240,7 @@ def check_tree(cfg: Mapping, tree: Tree) -> None:
                                                     "and dataset.proxy_fraction > 0 do not mix")
     model_classes(alg["local_labels"], federation_for(cfg), load_server(alg).personal_heads)  # refuses local labels without a common K
     check_candidates(cfg, tree.depth)
+    check_secure_aggregation(cfg, tree)
 
 
 def check_candidates(cfg: Mapping, depth: int) -> None:
@@ -310,6 +312,10 @@ def build_node(cfg: Mapping, path: str, state_dir: str | Path) -> NodeClient:
             fit_many = BatchedFit(clients, by_cid, device)
             # Clients that test the plain way (model_to_test on their test split) are tested together.
             evaluate_many = BatchedEvaluate(PlainClients(clients), by_cid, device)
+
+        secagg = SecAggSettings.of(cfg)
+        if secagg is not None:  # SecAgg+'s quantized weighted mean, without its masks (hfl.node.secagg)
+            fit_many = secagg_fit_many(fit_many, secagg, int(cfg["seed"]), path)
 
         def persist() -> None:
             clients.save()
