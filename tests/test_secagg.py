@@ -280,6 +280,25 @@ def test_ray_equals_in_process_bit_for_bit_and_the_batched_path_is_summed_alike(
     assert not all(np.array_equal(x, z) for x, z in zip(one, plain, strict=True))
 
 
+def test_the_rule_s_weighted_mean_of_the_identical_replies_is_that_model_within_float_rounding():
+    from hfl.rules.aggregate import mean_of
+
+    g = np.random.default_rng(0)
+    model = [g.normal(0, 1, (40,)).astype(np.float32), g.normal(0, 1, (3, 3)).astype(np.float32)]
+    got = mean_of([model] * 5, [17, 31, 8, 50, 23])
+    for a, b in zip(got, model, strict=True):
+        np.testing.assert_allclose(a, b, rtol=4 * np.finfo(np.float32).eps, atol=0)
+
+
+@pytest.mark.parametrize("overrides", [["algorithm=fedavg", "runtime.dropout=0.3", *SMALL[:4], "global_rounds=2",
+                                        "algorithm.team_rounds=2", "algorithm.local_steps=5"],
+                                       ["algorithm=bhfl", *SMALL[:4], "global_rounds=2", "algorithm.team_rounds=2",
+                                        "algorithm.local_steps=5"]], ids=["fedavg-dropouts", "bhfl"])
+def test_runs_with_dropped_devices_and_b_hfl_go_through(tmp_path, overrides):
+    run(compose_cfg(*overrides, *SECAGG, "runtime=inprocess"), tmp_path / "run")
+    assert (tmp_path / "run" / "checkpoints" / "global_model.npz").exists()
+
+
 # ---------------------------------------------------------------- refusals, one line naming the key
 @pytest.mark.parametrize(("overrides", "key"), [
     (["algorithm=femam", "algorithm.team_rounds=1"], "privacy.secure_aggregation"),
