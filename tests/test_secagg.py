@@ -309,8 +309,11 @@ def test_runs_with_dropped_devices_and_b_hfl_go_through(tmp_path, overrides):
     (["algorithm=fedavg", "privacy.level=lowest", "privacy.clip=1.0"], "privacy.level"),
     (["algorithm=fedavg", "clock.enabled=true", "clock.policy=deadline"], "clock.policy"),
     (["algorithm=fedavg", "privacy.secagg_num_shares=2"], "privacy.secagg_num_shares"),
+    (["algorithm=fedavg", "privacy.secagg_num_shares=5", "privacy.secagg_reconstruction_threshold=5"],
+     "privacy.secagg_reconstruction_threshold"),
+    (["algorithm=fedavg", "privacy.secagg_modulus_range=3000000000"], "privacy.secagg_modulus_range"),
     (["algorithm=fedavg", "topology.devices_per_team=1"], "privacy.secure_aggregation"),
-], ids=["femam", "ifca", "pflego", "bhfl-residual", "unweighted", "central-dp-lowest", "clock-deadline", "shares",
+], ids=["femam", "ifca", "pflego", "bhfl-residual", "unweighted", "central-dp-lowest", "clock-deadline", "shares", "threshold", "modulus",
         "one-device"])
 def test_refusals_name_the_key_in_one_line(overrides, key, tmp_path):
     with pytest.raises(ConfigError) as err:

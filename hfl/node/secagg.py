@@ -259,8 +259,11 @@ def check_secure_aggregation(cfg: Mapping[str, Any], tree: Any) -> None:
         SecAggPlusWorkflow(s.num_shares, s.reconstruction_threshold, max_weight=s.max_weight,
                            clipping_range=s.clipping_range, quantization_range=s.quantization_range,
                            modulus_range=s.modulus_range)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError("privacy.secagg_num_shares", f"SecAgg+ refuses its parameters: {exc}") from None
+    except (TypeError, ValueError) as exc:  # the key its message names first (Flower's words: `num_shares`, ...)
+        names = ("reconstruction_threshold", "num_shares", "max_weight", "quantization_range", "modulus_range")
+        named = min((str(exc).find(f"`{n}`"), n) for n in names if f"`{n}`" in str(exc))[1] if "`" in str(exc) \
+            else "num_shares"
+        raise ConfigError(f"privacy.secagg_{named}", f"SecAgg+ refuses its parameters: {exc}") from None
     if s.clipping_range <= 0:
         raise ConfigError("privacy.secagg_clipping_range", f"must be > 0, got {s.clipping_range}")
     alg = cfg["algorithm"]
