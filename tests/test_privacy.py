@@ -199,11 +199,18 @@ def test_dp_on_ray_equals_in_process_and_changes_the_model(tmp_path, level):
     epsilons = [line["dp_epsilon"] for line in metrics(tmp_path / "inprocess")]
     steps = 1 if level == "root" else 2  # team_rounds rounds a global round at the lowest servers and devices
     assert epsilons == [pytest.approx(dp.epsilon(0.8, 1.0, r * steps, 1e-5)) for r in (1, 2, 3)]
-    if level != "local":  # how many children's updates the DP nodes clipped, per round, under their level's name
-        key = "dp_clipped_level1" if level == "root" else "dp_clipped_level2"
-        clipped = [line.get(key, 0) for line in metrics(tmp_path / "inprocess")]
-        updates = 2 if level == "root" else 3 * 2 * 2  # level-1 nodes; or devices x team rounds x nodes
-        assert all(0 <= c <= updates for c in clipped) and sum(clipped) > 0, clipped
+    if level == "lowest":  # how many device updates the lowest servers clipped, per round (12 at most)
+        clipped = [line.get("dp_clipped_level2", 0) for line in metrics(tmp_path / "inprocess")]
+        assert all(0 <= c <= 3 * 2 * 2 for c in clipped) and sum(clipped) > 0, clipped
+
+
+def test_the_roots_clipped_updates_are_counted_under_level1() -> None:
+    from hfl.node.inprocess import RoundsReport
+    from hfl.node.round_counters import RoundCounters
+
+    counts = RoundCounters()  # the root's rounds' stats, as its strategy returned them
+    counts.fit(RoundsReport(metrics=[{"dp_clipped": 2, "aggregated": 2}, {"aggregated": 2}]), [], timed=False)
+    assert counts.values["dp_clipped_level1"] == 2
 
 
 def test_a_resumed_run_with_adaptive_clipping_equals_the_uninterrupted_one(tmp_path, monkeypatch):

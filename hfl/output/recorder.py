@@ -164,7 +164,7 @@ class Recorder:
                     "failures": int(counters.get("failures", 0)),
                     "evaluation_failures": int(counters.get("evaluation_failures", 0)),
                     **{k: int(v) for k, v in counters.items() if k.startswith(("failures_level", "late_level",
-                                                                                "stale_level"))},
+                                                                                "stale_level", "dp_clipped_level"))},
                     **({"sim_time": counters["sim_time"]} if "sim_time" in counters else {}),
                     **({"dp_epsilon": counters["dp_epsilon"]} if "dp_epsilon" in counters else {}),
                     **moved}
