@@ -16,7 +16,7 @@ TEST_STAMP := $(VENV)/.installed-test
 RUN_EXTRAS := docs,track
 TEST_EXTRAS := dev,docs,track
 
-.PHONY: run test test-fast test-deploy install lock clean
+.PHONY: run test test-fast test-slow test-deploy install lock clean
 
 # pip's own output goes to $(VENV)/install.log (shown only if the install fails).
 $(RUN_STAMP): pyproject.toml $(CONSTRAINTS)
@@ -39,9 +39,15 @@ run: $(RUN_STAMP)
 test: test-fast
 	$(VENV)/bin/python -m pytest -q -m "deployment and not slow"
 
-# Every deployment test, the slow ones too (more algorithms, a device killed mid-run): ~8 more minutes.
+# Every deployment test, the slow ones too (more algorithms, a device killed mid-run, real-time policies, secure
+# aggregation, DP): ~20 more minutes.
 test-deploy: $(TEST_STAMP)
 	$(VENV)/bin/python -m pytest -q -m deployment $(ARGS)
+
+# The long end-to-end runs left out of make test (Ray runs killed and resumed, signals on Ray, a two-node Ray
+# cluster, FeMAM's trees): ~5 minutes.
+test-slow: $(TEST_STAMP)
+	$(VENV)/bin/python -m pytest -q -m "slow and not deployment" $(ARGS)
 
 test-fast: $(TEST_STAMP)
 	$(VENV)/bin/python -m pytest -q $(ARGS)
