@@ -40,7 +40,7 @@ test: test-fast
 	$(VENV)/bin/python -m pytest -q -m "deployment and not slow"
 
 # Every deployment test, the slow ones too (more algorithms, a device killed mid-run, real-time policies, secure
-# aggregation, DP): ~20 more minutes.
+# aggregation, DP): 24 tests, 29 minutes on 2 cores.
 test-deploy: $(TEST_STAMP)
 	$(VENV)/bin/python -m pytest -q -m deployment $(ARGS)
 
