@@ -22,6 +22,7 @@ from torch.func import functional_call
 
 from hfl.errors import ConfigError
 from hfl.models import FAST_GRADIENTS
+from hfl.device.cpu_kernels import fast_cpu_layers
 from hfl.device.scripted import scripted
 
 Params = list[torch.Tensor]
@@ -176,11 +177,15 @@ class LocalTrainer:
         self.names, self.buffer_mask, self.dropped = state_layout(model)
         self.has_buffers = any(self.buffer_mask)
         self.fast_gradient = FAST_GRADIENTS.get(type(model))
+        # One device's forward and backward passes run on its CPU kernels for small batches (the
+        # same bits); ``model`` itself stays as built for the batched path's torch.func transforms.
+        self.step_model = fast_cpu_layers(model)
         # BatchNorm's mode lives in the module: a copy in eval mode serves evaluation, so the
         # training module never switches modes (and stays safe to share between devices).
-        self.eval_model = copy.deepcopy(model).eval() if self.has_buffers else model
+        self.eval_model = copy.deepcopy(self.step_model).eval() if self.has_buffers else self.step_model
         if self.has_buffers:
             model.train()
+            self.step_model.train()
 
     def initial_params(self) -> Params:
         state = self.model.state_dict(keep_vars=True)
@@ -200,7 +205,7 @@ class LocalTrainer:
         state.update({name: state[name].clone() for name in buffers})
         # throwaway counters: the shared module's own must not count every device's batches
         state.update({name: torch.zeros((), dtype=torch.long) for name in self.dropped})
-        out = functional_call(self.model, state, (x,))
+        out = functional_call(self.step_model, state, (x,))
         return out, [state[name] for name in buffers]
 
     def with_buffers(self, params: Params, buffers: Params) -> Params:
@@ -222,7 +227,7 @@ class LocalTrainer:
         if self.fast_gradient is not None:
             return self.fast_gradient(params, x, y)
         leaves = [p.detach().requires_grad_(True) for p in params]
-        out = functional_call(self.model, dict(zip(self.names, leaves, strict=True)), (x,))
+        out = functional_call(self.step_model, dict(zip(self.names, leaves, strict=True)), (x,))
         loss = F.nll_loss(out, y)
         return loss.detach(), list(torch.autograd.grad(loss, leaves))
 
@@ -285,6 +290,7 @@ def run_local_steps(
     update: Callable[[Params, Params], Params],
 ) -> tuple[Params, float]:
     """``steps`` minibatch updates ``params <- update(params, grad)``; returns params and mean loss.
+    ``update`` may change the list it is given in place: it is this loop's copy of ``start``.
 
     With buffers (``trainer.buffer_mask``), each step's buffer entries are then set to the
     running statistics BatchNorm computed in that step, whatever ``update`` made of them (a
