@@ -167,3 +167,21 @@ def test_a_cnn_run_is_bitwise_the_one_with_the_plain_layers_and_expressions(algo
     assert sorted(models[0]) == sorted(models[1])
     for name, want in models[1].items():
         np.testing.assert_array_equal(models[0][name], want, err_msg=name)
+
+
+@pytest.mark.parametrize("prox", [0.0, 0.3])
+def test_shared_or_broadcast_gradients_are_not_overwritten(prox):
+    """Autograd may hand two parameters one tensor (or a broadcast one): the update then works in
+    a scratch tensor, so each parameter still takes its own ``lr * g`` and the gradients stay."""
+    shared = torch.randn(3, 4)
+    broadcast = torch.randn(4).expand(3, 4)
+    own = torch.randn(3, 4)
+    grads = [shared, shared, broadcast, own]
+    params = [torch.randn(3, 4) for _ in grads]
+    anchor = [torch.randn(3, 4) for _ in grads] if prox else None
+    want = reference_update(0.1, prox, anchor)(params, grads)
+    kept = [g.clone() for g in grads[:3]]
+    got = prox_update(0.1, prox, anchor)([p.clone() for p in params], grads)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(grads[:3], kept, strict=True))
+    assert plan.overwritable(grads) == [False, False, False, True]

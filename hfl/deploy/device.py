@@ -27,6 +27,7 @@ from hfl.config.checks import load_module, load_server
 from hfl.data import DeviceData
 from hfl.models import build_model
 from hfl.data.labels import device_classes, device_data, model_classes
+from hfl.runtime.allocator import keep_freed_memory
 from hfl.runtime.build import device_runtime, federation_for
 from hfl.deploy.datafile import check_data_file
 from hfl.deploy.private import private_dir, write_private
@@ -155,6 +156,7 @@ def partition(cfg: Mapping, device_id: int, folder: Path) -> tuple[DeviceData, i
 
 
 def device_client(cfg: Mapping, node_config: Mapping[str, Scalar], state_key: str) -> DeployedDevice:
+    keep_freed_memory()
     torch.set_num_threads(int(cfg["runtime"]["torch_threads"]))
     if "device-id" not in node_config:
         raise ValueError('a device SuperNode needs device-id in its node config (--node-config "role=\'device\' device-id=N")')

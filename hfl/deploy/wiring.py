@@ -132,12 +132,9 @@ def deployed_client(context: Context, config: Callable[[], Mapping]) -> Client:
         cfg = cached_config(folder, overrides, config)
         if bridge:  # a bridge imports neither torch nor the engine: it only relays
             return bridge_client(cfg, context)
-        import torch
-
         from hfl.deploy.device import device_client
 
-        torch.set_num_threads(int(cfg["runtime"]["torch_threads"]))
-        return device_client(cfg, node, state_key(context))
+        return device_client(cfg, node, state_key(context))  # its torch threads and heap (device_client)
 
     def build() -> NumPyClient:
         if not bridge:  # a device whose worker is alive: relayed to it, neither torch nor the engine here

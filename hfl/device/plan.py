@@ -46,33 +46,52 @@ class FitPlan:
 
 def prox_update(lr: float, prox: float, anchor: Params | None) -> Callable[[Params, Params], Params]:
     """The per-device step ``t - lr*g - lr*prox*(t - anchor)`` (``t - lr*g`` without an anchor),
-    made **in place** on the model it is given, which its caller owns (``run_local_steps`` and
-    ``run_inner_steps`` step clones). The same operations in the same order as the expression
-    evaluated left to right (``lr*g``, ``t - lr*g``, ``(lr*prox)*(t - anchor)``, the difference),
-    so the same bits, but into scratch tensors kept between steps instead of two to four new
-    model-sized tensors a step (allocating them was a third of a CNN's step on the CPU)."""
-    scratch: list[torch.Tensor] = []
+    made **in place** on the model and the gradient it is given, which its caller owns
+    (``run_local_steps`` and ``run_inner_steps`` step clones, with fresh gradients). The same
+    operations in the same order as the expression evaluated left to right (``lr*g``, ``t - lr*g``,
+    ``(lr*prox)*(t - anchor)``, the difference), so the same bits, without the two to four new
+    model-sized tensors a step the expression makes (allocating them was a third of a CNN's step
+    on the CPU); ``(t - anchor)`` goes to a scratch tensor kept between steps."""
+    scratch: dict[int, torch.Tensor] = {}
+
+    def scaled(i: int, g: torch.Tensor, owned: bool) -> torch.Tensor:
+        """``lr * g``, into ``g`` where nothing else reads it."""
+        if owned:
+            return g.mul_(lr)
+        if i not in scratch:
+            scratch[i] = torch.empty_like(g)
+        return torch.mul(g, lr, out=scratch[i])
+
     if anchor is None:
         def sgd(p: Params, g: Params) -> Params:
-            if not scratch:
-                scratch.extend(torch.empty_like(t) for t in p)
-            for t, gr, s in zip(p, g, scratch, strict=True):
-                t.sub_(torch.mul(gr, lr, out=s))
+            owned = overwritable(g)
+            for i, (t, gr) in enumerate(zip(p, g, strict=True)):
+                t.sub_(scaled(i, gr, owned[i]))
             return p
 
         return sgd
     pull = lr * prox  # a Python float, as in the expression
 
     def prox_sgd(p: Params, g: Params) -> Params:
-        if not scratch:
-            scratch.extend(torch.empty_like(t) for t in p for _ in range(2))
+        owned = overwritable(g)
         for i, (t, gr, a) in enumerate(zip(p, g, anchor, strict=True)):
-            step, toward = scratch[2 * i], scratch[2 * i + 1]
-            torch.sub(t, a, out=toward).mul_(pull)
-            t.sub_(torch.mul(gr, lr, out=step)).sub_(toward)
+            key = -1 - i  # (t - anchor)'s scratch, apart from lr * g's
+            if key not in scratch:
+                scratch[key] = torch.empty_like(t)
+            toward = torch.sub(t, a, out=scratch[key]).mul_(pull)
+            t.sub_(scaled(i, gr, owned[i])).sub_(toward)
         return p
 
     return prox_sgd
+
+
+def overwritable(grads: Params) -> list[bool]:
+    """Which gradients an update may overwrite: dense ones held by no other entry (autograd may
+    hand two parameters the same tensor, or a broadcast one, where writing would corrupt another)."""
+    seen: dict[int, int] = {}
+    for g in grads:
+        seen[g.data_ptr()] = seen.get(g.data_ptr(), 0) + 1
+    return [g.is_contiguous() and seen[g.data_ptr()] == 1 for g in grads]
 
 
 def run_inner_steps(dev: DeviceRuntime, phase: Phase) -> tuple[Params, float]:
