@@ -1,4 +1,4 @@
-"""A training process keeps its heap between steps (hfl.runtime.allocator): a model-sized tensor
+"""A training process keeps its heap between steps (hfl.device.allocator): a model-sized tensor
 freed and allocated again no longer lands on fresh pages (counted as the kernel's minor faults)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 PROBE = """
 import resource, sys, torch
-from hfl.runtime.allocator import keep_freed_memory
+from hfl.device.allocator import keep_freed_memory
 from hfl.device.plan import prox_update
 from hfl.device.training import BatchSampler, LocalTrainer, run_local_steps
 from hfl.models import CNN

@@ -60,7 +60,7 @@ from hfl.models import MCLR
 from hfl.rules.payload import LocalParameters, decode
 from hfl.device.plan import FitPlan, FitReply, Phase
 from hfl.device.training import LocalTrainer, Params, converted_once
-from hfl.runtime.allocator import keep_freed_memory
+from hfl.device.allocator import keep_freed_memory
 
 class DeviceClientLike(Protocol):  # hfl.device.client.DeviceClient (which imports this module)
     device: DeviceRuntime
@@ -381,7 +381,7 @@ def set_group_threads(threads: int) -> None:
 def use_runtime_threads(runtime: Mapping) -> None:
     """A simulation's threads (its team actor's, or the in-process run's): torch's
     (``runtime.torch_threads``) and the size groups' (``runtime.batched_threads``, 1 if unset);
-    and the heap kept between steps (hfl.runtime.allocator)."""
+    and the heap kept between steps (hfl.device.allocator)."""
     keep_freed_memory()
     torch.set_num_threads(int(runtime["torch_threads"]))
     set_group_threads(int(runtime.get("batched_threads", 1)))

@@ -27,7 +27,7 @@ from hfl.config.checks import load_module, load_server
 from hfl.data import DeviceData
 from hfl.models import build_model
 from hfl.data.labels import device_classes, device_data, model_classes
-from hfl.runtime.allocator import keep_freed_memory
+from hfl.device.allocator import keep_freed_memory
 from hfl.runtime.build import device_runtime, federation_for
 from hfl.deploy.datafile import check_data_file
 from hfl.deploy.private import private_dir, write_private
