@@ -30,10 +30,14 @@ processes (driver, Ray's processes and the team actors) for
 Each run is a fresh process (its own Ray instance, its own overrides for dataset.lazy
 and dataset.cache_mb); seconds per round are medians over rounds 2..T (round 1
 holds the actors' start-up), for ``100k`` and ``sizes`` over the rounds before the evaluated one.
+``sizes --eval-every K`` evaluates every K-th round and the last instead: s/round is then the
+median of the unevaluated rounds after round 1, the evaluated round the median of the evaluated
+ones after round 1 (one evaluated round swings by tenths of a second on shared cores).
 
     .venv/bin/python benchmarks/scale.py                      # 3500 and 100k, 5 global rounds
     .venv/bin/python benchmarks/scale.py --only 100k --rounds 4
     .venv/bin/python benchmarks/scale.py --only sizes --rounds 4 [--sizes 10000,100000,1000000] [--algorithms fedavg,bhfl]
+    .venv/bin/python benchmarks/scale.py --only sizes --sizes 100000 --eval-fractions 0.01 --rounds 11 --eval-every 2
 """
 
 from __future__ import annotations
@@ -175,14 +179,32 @@ def size_overrides(algorithm: str, devices: int) -> list[str]:
             f"algorithm.sample_fraction=[1,0.5,{20 / per_server:g}]", "algorithm.level_rounds=[1,1]"]
 
 
+def evaluated_rounds(rounds: int, eval_every: int | None) -> list[int]:
+    """The global rounds (1-based) a sizes run evaluates: the last, and with ``eval_every`` every
+    multiple of it (hfl's eval_every schedule)."""
+    every = eval_every or rounds
+    return [r for r in range(1, rounds + 1) if r % every == 0 or r == rounds]
+
+
+def round_medians(seconds: list[float], evaluated: list[int]) -> tuple[float, float]:
+    """Median seconds of the unevaluated and of the evaluated rounds, round 1 (start-up) left out."""
+    plain = [s for r, s in enumerate(seconds, 1) if r > 1 and r not in evaluated]
+    tested = [s for r, s in enumerate(seconds, 1) if r > 1 and r in evaluated]
+    return statistics.median(plain), statistics.median(tested)
+
+
 def section_sizes(tmp: Path, rounds: int, sizes: list[int], algorithms: list[str], full_million: bool,
-                  settings: list[str], fractions: list[str]) -> None:
+                  settings: list[str], fractions: list[str], eval_every: int | None = None) -> None:
     rounds = max(rounds, 3)
+    evaluated = evaluated_rounds(rounds, eval_every)
+    when = (f"evaluated at round {rounds} only; s/round: median of rounds 2..{rounds - 1}" if len(evaluated) == 1 else
+            f"evaluated at rounds {','.join(map(str, evaluated))}; s/round and evaluated: medians of the "
+            f"unevaluated and the evaluated rounds after round 1")
     print(f"\nSizes at the same sampled work (1,000 devices trained per round), Synthetic, MCLR, default Ray "
-          f"simulation, {rounds} global rounds, evaluated at round {rounds} only; s/round: median of rounds "
-          f"2..{rounds - 1}; eval: the evaluated round less s/round; {' '.join(settings) or 'default device cache'}")
-    print(f"  {'devices':>9} {'algorithm':<9} {'eval_fraction':<13} {'round 1':>8} {'s/round':>8} {f'round {rounds}':>8} "
-          f"{'its eval':>8} {'peak GiB':>9} {'GM %':>6} {'GM 95% interval':>16} {'tested':>8}")
+          f"simulation, {rounds} global rounds, {when}; eval: the evaluated round less s/round, x: the evaluated "
+          f"round over s/round; {' '.join(settings) or 'default device cache'}")
+    print(f"  {'devices':>9} {'algorithm':<9} {'eval_fraction':<13} {'round 1':>8} {'s/round':>8} {'evaluated':>9} "
+          f"{'its eval':>8} {'x':>5} {'peak GiB':>9} {'GM %':>6} {'GM 95% interval':>16} {'tested':>8}")
     for algorithm in algorithms:
         for devices in sizes:
             for fraction in fractions:
@@ -190,16 +212,15 @@ def section_sizes(tmp: Path, rounds: int, sizes: list[int], algorithms: list[str
                     print(f"  {devices:>9,} {algorithm:<9} {fraction:<13} skipped (--full-million: every device "
                           "regenerated and tested)")
                     continue
-                overrides = [*size_overrides(algorithm, devices), f"global_rounds={rounds}", f"eval_every={rounds}",
-                             f"eval_fraction={fraction}"]
+                overrides = [*size_overrides(algorithm, devices), f"global_rounds={rounds}",
+                             f"eval_every={eval_every or rounds}", f"eval_fraction={fraction}"]
                 r = in_child("run", overrides, settings, tmp / f"sizes-{algorithm}-{devices}-{fraction}")
-                fit = statistics.median(r["round_seconds"][1:-1])
-                last = r["round_seconds"][-1]
+                fit, last = round_medians(r["round_seconds"], evaluated)
                 low, high = r.get("gm_ci_low"), r.get("gm_ci_high")
                 interval = f"{pct(low)}-{pct(high).strip()}" if low is not None else "-"
                 tested = f"{r['gm_devices']:,}" if r.get("gm_devices") else "all"
-                print(f"  {devices:>9,} {algorithm:<9} {fraction:<13} {r['round_seconds'][0]:8.2f} {fit:8.2f} {last:8.2f} "
-                      f"{last - fit:8.2f} "
+                print(f"  {devices:>9,} {algorithm:<9} {fraction:<13} {r['round_seconds'][0]:8.2f} {fit:8.2f} {last:9.2f} "
+                      f"{last - fit:8.2f} {last / fit:4.2f}x "
                       f"{r['peak_gib']:9.2f} {pct(r['gm'])} {interval:>16} {tested:>8}", flush=True)
 
 
@@ -214,6 +235,9 @@ def main() -> int:
     parser.add_argument("--algorithms", default="fedavg,bhfl", help="fedavg and/or bhfl, for --only sizes")
     parser.add_argument("--full-million", action="store_true", help="also evaluate every device at 1,000,000")
     parser.add_argument("--eval-fractions", default="0.01,1", help="eval_fraction of each run, for --only sizes")
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="for --only sizes: evaluate every this many rounds and the last (default: the last only); "
+                             "medians over the evaluated and the unevaluated rounds")
     parser.add_argument("--cache-mb", type=float, default=None,
                         help="dataset.cache_mb for --only sizes (default: the config's, 512)")
     parser.add_argument("--child", choices=["run", "build"], help=argparse.SUPPRESS)
@@ -226,6 +250,9 @@ def main() -> int:
         return 0
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (round 1 holds start-up)")
+    if args.eval_every is not None and (args.eval_every < 1 or not any(
+            r not in evaluated_rounds(args.rounds, args.eval_every) for r in range(2, args.rounds + 1))):
+        parser.error(f"--eval-every {args.eval_every} leaves no unevaluated round after round 1 in {args.rounds} rounds")
     names = [n for n in args.only.split(",") if n]
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
@@ -237,7 +264,7 @@ def main() -> int:
                 section_sizes(Path(tmp), args.rounds, [int(n) for n in args.sizes.split(",") if n],
                               [a for a in args.algorithms.split(",") if a], args.full_million,
                               [] if args.cache_mb is None else [f"dataset.cache_mb={args.cache_mb:g}"],
-                              [f for f in args.eval_fractions.split(",") if f])
+                              [f for f in args.eval_fractions.split(",") if f], args.eval_every)
             else:
                 SECTIONS[name](Path(tmp), args.rounds)
     return 0
