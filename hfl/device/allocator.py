@@ -11,7 +11,6 @@ variables a user sets (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``) w
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 
@@ -21,12 +20,22 @@ TRIM_BYTES = 128 << 20  # free memory at the heap's top a process keeps
 
 
 def keep_freed_memory() -> bool:
-    """Keep freed memory in this process's heap (module docstring); whether glibc took it."""
+    """Keep freed memory in this process's heap (module docstring); whether glibc took it. Once a
+    process: Flower's simulation builds a node's client for every message."""
+    global _TOOK
+    if _TOOK is None:
+        _TOOK = _set_thresholds()
+    return _TOOK
+
+
+_TOOK: bool | None = None
+
+
+def _set_thresholds() -> bool:
     if not sys.platform.startswith("linux") or any(k.startswith("MALLOC_") and k.endswith("THRESHOLD_") for k in os.environ):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on (no lookup)
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
