@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import threading
+import time
 from queue import Queue
+from types import SimpleNamespace
 
 import pytest
 from flwr.server.superlink.fleet.vce import vce_api
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from hfl.errors import ConfigError
-from hfl.runtime.polling import FLOWER_INTERVAL, PolledServerApp, dispatch_loop, simulation_polling
+from hfl.runtime.polling import FLOWER_INTERVAL, PolledServerApp, SharedPulls, dispatch_loop, simulation_polling
 from hfl.runtime.simulate import run
 from tests.conftest import SMALL, compose_cfg
 
@@ -87,3 +89,67 @@ def test_bad_poll_interval_is_refused_before_training(tmp_path, value):
     with pytest.raises(ConfigError, match="runtime.poll_interval"):
         run(cfg, tmp_path)
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+class SlowGrid:
+    """A grid whose reply to message ``m`` can be pulled from ``ready[m]`` seconds after its push;
+    it counts pulls, and a reply is handed out once (as the in-memory grid deletes what it pulls)."""
+
+    def __init__(self, delays: dict[str, float]) -> None:
+        self.delays, self.ready, self.pulls, self.lock = delays, {}, 0, threading.Lock()
+
+    def push_messages(self, messages):  # noqa: ANN001, ANN201
+        with self.lock:
+            for m in messages:
+                self.ready[m] = time.monotonic() + self.delays[m]
+        return list(messages)
+
+    def pull_messages(self, message_ids):  # noqa: ANN001, ANN201
+        with self.lock:
+            self.pulls += 1
+            now = time.monotonic()
+            due = [m for m in message_ids if m in self.ready and self.ready[m] <= now]
+            for m in due:
+                del self.ready[m]
+        return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=m)) for m in due]
+
+
+def test_shared_pulls_give_each_call_its_own_replies_with_one_pull_per_interval():
+    calls = 40
+    delays = {f"m{i}": 0.05 + 0.005 * (i % 10) for i in range(calls)}
+    grid = SlowGrid(delays)
+    shared = SharedPulls(grid, interval=0.01)
+    got: dict[int, list[str]] = {}
+
+    def call(i: int) -> None:
+        got[i] = [r.metadata.reply_to_message_id for r in shared.send_and_receive([f"m{i}"], timeout=5.0)]
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(calls)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - start
+    assert got == {i: [f"m{i}"] for i in range(calls)}
+    # Flower's loop: a pull per call and interval (~40 x 10 here); shared: about one per interval
+    assert grid.pulls <= elapsed / 0.01 + 5
+    assert not shared.waiting and not shared.arrived
+
+
+def test_shared_pulls_time_out_as_flowers_loop_and_forget_the_message():
+    grid = SlowGrid({"late": 0.3, "soon": 0.0})
+    shared = SharedPulls(grid, interval=0.01)
+    start = time.monotonic()
+    assert [r.metadata.reply_to_message_id for r in shared.send_and_receive(["late", "soon"], timeout=0.05)] == ["soon"]
+    assert 0.05 <= time.monotonic() - start < 0.25
+    assert not shared.waiting and not shared.arrived
+
+
+def test_server_app_shares_the_in_memory_grids_pulls_only_when_it_sets_the_interval():
+    for interval, shared in ((0.01, True), (None, False)):
+        grid = object.__new__(InMemoryGrid)
+        grid.pull_interval = FLOWER_INTERVAL
+        with pytest.raises(Stop):
+            PolledServerApp(server_fn=_stop, pull_interval=interval)(grid, None)
+        assert isinstance(getattr(grid.send_and_receive, "__self__", None), SharedPulls) is shared
