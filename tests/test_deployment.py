@@ -216,6 +216,17 @@ def answered(work: Path, action: str) -> dict[int, dict]:
     return out
 
 
+def kill_node_server_and_finish(dep: Deployment, cmd: list[str], submit: subprocess.Popen,
+                                killed: list[int]) -> subprocess.CompletedProcess:
+    """SIGKILL level-1 node 0's server process (its pid recorded in ``killed``), then wait for the
+    submission to end; what it printed and its exit code."""
+    (pid_file,) = (dep.root / "node-0-work").glob("run-*/server.pid")
+    killed.append(int(pid_file.read_text()))
+    os.kill(killed[0], signal.SIGKILL)
+    stdout, stderr = submit.communicate(timeout=600)
+    return subprocess.CompletedProcess(cmd, submit.returncode, stdout, stderr)
+
+
 def _wait_until(check, timeout: float) -> None:  # noqa: ANN001
     deadline = time.monotonic() + timeout
     while not check():
@@ -276,11 +287,7 @@ def test_a_node_server_killed_mid_round_is_started_again_and_the_run_ends_as_if_
             return False
 
         _wait_until(answered_round_two, 300)
-        (pid_file,) = (dep.root / "node-0-work").glob("run-*/server.pid")
-        killed.append(int(pid_file.read_text()))
-        os.kill(killed[0], signal.SIGKILL)
-        stdout, stderr = submit.communicate(timeout=600)
-        return subprocess.CompletedProcess(cmd, submit.returncode, stdout, stderr)
+        return kill_node_server_and_finish(dep, cmd, submit, killed)
 
     run_dir, dep = deployed(tmp_path, overrides, during=kill_mid_round)
     (work,) = (dep.root / "node-0-work").glob("run-*")

@@ -5,14 +5,12 @@ marker."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from test_deployment import BASE, _wait_until, deployed
+from test_deployment import BASE, _wait_until, deployed, kill_node_server_and_finish
 
 from hfl.deploy.loopback import Deployment
 from hfl.state.store import StateStore
@@ -107,11 +105,7 @@ def test_a_node_server_killed_with_device_replies_in_flight_sends_their_calls_ag
         cmd = dep.submit_command(out, *overrides, "runtime=deployment", "runtime.device_wait_seconds=30")
         submit = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         _wait_until(lambda: pending_calls(dep, "0") or submit.poll() is not None, 600)
-        (pid_file,) = (dep.root / "node-0-work").glob("run-*/server.pid")
-        killed.append(int(pid_file.read_text()))
-        os.kill(killed[0], signal.SIGKILL)
-        stdout, stderr = submit.communicate(timeout=600)
-        return subprocess.CompletedProcess(cmd, submit.returncode, stdout, stderr)
+        return kill_node_server_and_finish(dep, cmd, submit, killed)
 
     run_dir, dep = deployed(tmp_path, overrides, during=kill_with_calls_awaited)
     (work,) = (dep.root / "node-0-work").glob("run-*")

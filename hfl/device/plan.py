@@ -52,7 +52,8 @@ def prox_update(lr: float, prox: float, anchor: Params | None) -> Callable[[Para
     ``(lr*prox)*(t - anchor)``, the difference), so the same bits, without the two to four new
     model-sized tensors a step the expression makes (allocating them was a third of a CNN's step
     on the CPU); ``(t - anchor)`` goes to a scratch tensor kept between steps."""
-    scratch: dict[int, torch.Tensor] = {}
+    scratch: dict[int, torch.Tensor] = {}  # lr * g of a gradient another entry reads
+    toward: dict[int, torch.Tensor] = {}  # (lr*prox) * (t - anchor)
 
     def scaled(i: int, g: torch.Tensor, owned: bool) -> torch.Tensor:
         """``lr * g``, into ``g`` where nothing else reads it."""
@@ -75,11 +76,10 @@ def prox_update(lr: float, prox: float, anchor: Params | None) -> Callable[[Para
     def prox_sgd(p: Params, g: Params) -> Params:
         owned = overwritable(g)
         for i, (t, gr, a) in enumerate(zip(p, g, anchor, strict=True)):
-            key = -1 - i  # (t - anchor)'s scratch, apart from lr * g's
-            if key not in scratch:
-                scratch[key] = torch.empty_like(t)
-            toward = torch.sub(t, a, out=scratch[key]).mul_(pull)
-            t.sub_(scaled(i, gr, owned[i])).sub_(toward)
+            if i not in toward:
+                toward[i] = torch.empty_like(t)
+            to_anchor = torch.sub(t, a, out=toward[i]).mul_(pull)
+            t.sub_(scaled(i, gr, owned[i])).sub_(to_anchor)
         return p
 
     return prox_sgd
